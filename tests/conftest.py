@@ -1,0 +1,68 @@
+"""Shared fixtures: a tiny real model on disk, a real Redis, unique key prefixes."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.tiny_model import build_tiny_model
+
+# Nothing in the test suite may reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REDIS_URL = os.environ.get("TRIAGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 2-layer random-weight Qwen2 model + trained BPE tokenizer with a chat template."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    return REDIS_URL
+
+
+@pytest.fixture
+def key_prefix(redis_url) -> str:
+    """A unique key prefix; every key a test creates under it is deleted afterwards (and nothing else)."""
+    prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=prefix + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def triage_env(tiny_model_dir, redis_url, key_prefix, tmp_path) -> dict[str, str]:
+    """Environment for a worker/producer subprocess: tiny model, test-owned streams and keys."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
+    env.update(
+        TRIAGE_MODEL=str(tiny_model_dir),
+        TRIAGE_DEVICE="cpu",
+        TRIAGE_DTYPE="fp32",
+        TRIAGE_CACHE_DIR=str(tmp_path / "cache"),
+        TRIAGE_REDIS_URL=redis_url,
+        TRIAGE_INPUT_STREAM=key_prefix + "tickets",
+        TRIAGE_RESULTS_STREAM=key_prefix + "results",
+        TRIAGE_DEAD_LETTER_STREAM=key_prefix + "dead",
+        TRIAGE_RESULT_KEY_PREFIX=key_prefix + "result:",
+        TRIAGE_HEARTBEAT_KEY_PREFIX=key_prefix + "heartbeat:",
+        TRIAGE_LOG_FORMAT="json",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    return env

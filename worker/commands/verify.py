@@ -1,0 +1,71 @@
+"""Classify tickets the production way (length buckets + prefix KV cache) and the reference way
+(each ticket alone, unpadded, no cache, same dtype) and report whether the answers agree.
+
+Exit status 0 when they agree (in fp32: every label; in fp16/bf16: flips only where the
+reference's top-2 margin is below --flip-margin), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+NAME = "verify"
+HELP = "check batched results against an unpadded one-at-a-time reference run"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, type=Path, help="JSON Lines with a 'text' field (optional 'id'), or CSV with a 'text' column")
+    p.add_argument("--limit", type=int, default=None, help="only the first N tickets")
+    p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
+    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
+    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
+    p.add_argument("--flip-margin", type=float, default=0.05, help="in fp16/bf16, label flips are accepted below this reference top-2 margin")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from worker.engine.classifier import Classifier, InvalidTicket
+    from worker.engine.verify import verify
+    from worker.logs import configure_logging
+    from worker.settings import Settings
+    from worker.ticket_files import read_tickets
+
+    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
+    settings = Settings(**overrides)
+    configure_logging(settings.log_format, settings.log_level)
+    rows = read_tickets(args.input, args.limit)
+    clf = Classifier.from_settings(settings)
+    prepared = clf.prepare([str(r["text"]) for r in rows])
+    keep = [i for i, p in enumerate(prepared) if not isinstance(p, InvalidTicket)]
+    skipped = len(rows) - len(keep)
+    items = [prepared[i] for i in keep]
+    ids = [str(rows[i].get("id", i)) for i in keep]
+    with tqdm(total=len(items), desc="reference (one at a time)", unit="ticket", file=sys.stderr, disable=None) as bar:
+        report = verify(clf, items, ids, progress=bar.update)
+
+    ok = report.passed(args.flip_margin)
+    out = sys.stdout
+    print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  prefix cache {'on' if report.prefix_cache else 'off'}", file=out)
+    print(f"tickets {report.n} (skipped invalid: {skipped})  batches {report.batches}  padding {report.padding_pct:.1f}%", file=out)
+    print(f"label agreement {report.agreement_pct:.2f}%   max |dprob| {report.max_abs_delta_prob:.2e}", file=out)
+    print(
+        f"items/s batched {report.batched_items_per_s:.1f}  reference {report.reference_items_per_s:.1f}  ({report.speedup:.1f}x)",
+        file=out,
+    )
+    for d in report.disagreements[:20]:
+        print(
+            f"  flip #{d.index} id={d.id}: batched={d.batched_label} reference={d.reference_label} "
+            f"reference top-2 margin={d.reference_margin:.4f} |dprob|={d.max_abs_delta:.2e}",
+            file=out,
+        )
+    print("PASS" if ok else "FAIL", file=out)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        data = report.to_dict() | {"model": settings.model, "skipped_invalid": skipped, "passed": ok}
+        args.json_out.write_text(json.dumps(data, indent=2))
+    return 0 if ok else 1

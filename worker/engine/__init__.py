@@ -1,0 +1,1 @@
+"""The classification engine: tokenize -> bucket -> one forward pass -> label scores."""

@@ -1,0 +1,100 @@
+"""One batched forward pass over right-padded suffixes, optionally after a shared prefix KV cache.
+
+Only hidden states are computed for every position; LM-head projections happen
+later, at the few positions that matter (see ``scoring``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class PrefixKV:
+    """The prompt prefix's per-layer keys/values at batch size 1. Never mutated."""
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    length: int
+
+    def expanded(self, batch: int) -> DynamicCache:
+        # expand() is a view; DynamicCache.update concatenates into new tensors,
+        # so the shared copy is never written to.
+        return DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in self.layers])
+
+
+@dataclass
+class ForwardOut:
+    h_last: torch.Tensor  # [B, H] hidden state at each row's last real token
+    h_mean: torch.Tensor | None  # [B, H] mean over each row's real suffix tokens
+    cache: DynamicCache | None  # full cache after the pass (for label continuations)
+    attention_mask: torch.Tensor  # [B, past + S] matching the cache
+    next_pos: torch.Tensor  # [B] position id of each row's next token
+
+
+def decoder(model: PreTrainedModel) -> torch.nn.Module:
+    return getattr(model, model.base_model_prefix)
+
+
+@torch.inference_mode()
+def compute_prefix(model: PreTrainedModel, prefix_ids: Sequence[int]) -> PrefixKV:
+    dev = model.device
+    ids = torch.tensor([list(prefix_ids)], device=dev)
+    out = decoder(model)(input_ids=ids, use_cache=True)
+    layers = tuple((layer.keys, layer.values) for layer in out.cache.layers)
+    return PrefixKV(layers=layers, length=len(prefix_ids))
+
+
+@torch.inference_mode()
+def run_forward(
+    model: PreTrainedModel,
+    rows: Sequence[Sequence[int]],
+    pad_id: int,
+    prefix: PrefixKV | None,
+    keep_cache: bool,
+    mean_pool: bool,
+    pool_from: int = 0,
+    pad_to: int | None = None,
+) -> ForwardOut:
+    """Forward ``rows`` (each a full suffix, or prefix+suffix when ``prefix`` is None), right-padded.
+
+    ``pool_from`` skips that many leading tokens of every row when mean-pooling
+    (the uncached path uses it to pool over the suffix only, like the cached path).
+    ``pad_to`` pads to a fixed width instead of the batch's own longest (benchmark baseline).
+    """
+    dev = model.device
+    b, s = len(rows), max(max(len(r) for r in rows), pad_to or 0)
+    ids = torch.full((b, s), pad_id, dtype=torch.long)
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    real = (torch.arange(s)[None, :] < lens[:, None]).long()
+    past = prefix.length if prefix is not None else 0
+    mask = torch.cat([torch.ones(b, past, dtype=torch.long), real], dim=1) if past else real
+    ids, mask, real, lens_d = ids.to(dev), mask.to(dev), real.to(dev), lens.to(dev)
+    cache = prefix.expanded(b) if prefix is not None else (DynamicCache() if keep_cache else None)
+    out = decoder(model)(
+        input_ids=ids,
+        attention_mask=mask,
+        cache=cache,
+        use_cache=keep_cache or prefix is not None,
+    )
+    hidden = out.last_hidden_state  # [B, S, H]
+    h_last = hidden[torch.arange(b, device=dev), lens_d - 1]
+    h_mean = None
+    if mean_pool:
+        w = real.clone()
+        if pool_from:
+            w[:, :pool_from] = 0
+        w = w.to(hidden.dtype).unsqueeze(-1)
+        h_mean = (hidden * w).sum(1).float() / w.sum(1).float().clamp(min=1)
+    return ForwardOut(
+        h_last=h_last,
+        h_mean=h_mean,
+        cache=out.cache if keep_cache else None,
+        attention_mask=mask,
+        next_pos=lens_d + past,
+    )

@@ -1,0 +1,67 @@
+"""Turn a task into token ids: one shared prefix + a per-ticket suffix.
+
+The prefix (instructions, label descriptions, few-shot turns) and each suffix
+(ticket text + answer cue) are tokenized separately and concatenated, so the
+prefix-cached path and the uncached reference see identical token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from worker.engine.task import Task
+
+_SLOT = "\u2063TRIAGE_TICKET_SLOT\u2063"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    prefix_ids: tuple[int, ...]
+    tail_ids: tuple[int, ...]  # answer cue appended after every ticket's text
+    label_lead: str  # prepended to a label name to form its answer tokens ("" after a chat turn, " " after "Category:")
+    uses_chat_template: bool
+
+
+def system_text(task: Task) -> str:
+    lines = [task.instructions, "", "Categories:"]
+    for lab in task.labels:
+        desc = task.descriptions.get(lab)
+        lines.append(f"- {lab}: {desc}" if desc else f"- {lab}")
+    return "\n".join(lines)
+
+
+def build_template(tokenizer: PreTrainedTokenizerBase, task: Task) -> PromptTemplate:
+    if getattr(tokenizer, "chat_template", None):
+        prefix, tail = _chat_parts(tokenizer, task)
+        lead, chat = "", True
+    else:
+        prefix, tail = _plain_parts(task)
+        lead, chat = " ", False
+    enc = lambda s: tuple(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    prefix_ids = enc(prefix)
+    if not chat and tokenizer.bos_token_id is not None:
+        prefix_ids = (tokenizer.bos_token_id,) + prefix_ids
+    return PromptTemplate(prefix_ids=prefix_ids, tail_ids=enc(tail), label_lead=lead, uses_chat_template=chat)
+
+
+def _chat_parts(tokenizer: PreTrainedTokenizerBase, task: Task) -> tuple[str, str]:
+    messages = [{"role": "system", "content": system_text(task)}]
+    for ex in task.examples:
+        messages.append({"role": "user", "content": ex.text})
+        messages.append({"role": "assistant", "content": ex.label})
+    messages.append({"role": "user", "content": _SLOT})
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if rendered.count(_SLOT) != 1:
+        raise ValueError("chat template did not render the ticket slot exactly once")
+    prefix, tail = rendered.split(_SLOT)
+    return prefix, tail
+
+
+def _plain_parts(task: Task) -> tuple[str, str]:
+    parts = [system_text(task), ""]
+    for ex in task.examples:
+        parts.append(f"Ticket:\n{ex.text}\nCategory: {ex.label}\n")
+    parts.append("Ticket:\n")
+    return "\n".join(parts), "\nCategory:"

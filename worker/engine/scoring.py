@@ -1,0 +1,78 @@
+"""Turn a forward pass into per-label log-scores.
+
+``PromptScorer`` (constrained output): project each row's last hidden state onto
+the label tokens' LM-head rows only; for labels with more tokens, add the exact
+log-probs of the continuation tokens, computed with the KV cache in one extra
+batched pass. The full-vocabulary normaliser of the first token is shared by all
+labels and cancels in the softmax over labels, so it is never computed.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from worker.engine.forward import ForwardOut, decoder
+from worker.engine.labels import LabelTokens
+
+
+class Scorer(Protocol):
+    names: tuple[str, ...]
+    needs_cache: bool
+    needs_mean: bool
+
+    def scores(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
+        """[B, J] float32 log-scores (softmax over J gives label probabilities)."""
+
+
+class PromptScorer:
+    needs_mean = False
+
+    def __init__(self, model: PreTrainedModel, labels: LabelTokens):
+        self.labels = labels
+        self.names = labels.names
+        self.needs_cache = bool(labels.multi)
+        head = model.get_output_embeddings()
+        rows = torch.tensor(labels.first_ids, device=head.weight.device)
+        self._w = head.weight.detach().index_select(0, rows).float()  # [U, H]
+        bias = getattr(head, "bias", None)
+        self._b = bias.detach().index_select(0, rows).float() if bias is not None else None
+
+    @torch.inference_mode()
+    def scores(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
+        first = fwd.h_last.float() @ self._w.T
+        if self._b is not None:
+            first = first + self._b
+        out = first[:, list(self.labels.first_col)].clone()
+        if self.labels.multi:
+            out[:, list(self.labels.multi)] += self._continuations(model, fwd)
+        return out
+
+    def _continuations(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
+        """Sum of log p(label token k | context, label tokens < k) for k >= 1, for every multi-token label."""
+        dev = fwd.h_last.device
+        seqs = [self.labels.sequences[j] for j in self.labels.multi]
+        m, b = len(seqs), fwd.h_last.shape[0]
+        width = max(len(s) - 1 for s in seqs)
+        inp = torch.zeros(m, width, dtype=torch.long)
+        tgt = torch.zeros(m, width, dtype=torch.long)
+        valid = torch.zeros(m, width, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            n = len(s) - 1
+            inp[r, :n] = torch.tensor(s[:-1])
+            tgt[r, :n] = torch.tensor(s[1:])
+            valid[r, :n] = 1
+        # rows ordered (ticket i, label r): ticket-major
+        rep = torch.arange(b, device=dev).repeat_interleave(m)
+        cache = DynamicCache(
+            ddp_cache_data=[(layer.keys.index_select(0, rep), layer.values.index_select(0, rep)) for layer in fwd.cache.layers]
+        )
+        inp, tgt, valid = inp.to(dev).repeat(b, 1), tgt.to(dev).repeat(b, 1), valid.to(dev).repeat(b, 1)
+        mask = torch.cat([fwd.attention_mask.index_select(0, rep), valid], dim=1)
+        pos = fwd.next_pos.index_select(0, rep)[:, None] + torch.arange(width, device=dev)[None, :]
+        out = decoder(model)(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        logits = model.get_output_embeddings()(out.last_hidden_state).float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        return (logp * valid).sum(-1).view(b, m)

@@ -1,0 +1,98 @@
+"""Check that speed never changes answers: production path vs an unpadded one-at-a-time reference.
+
+Production = length buckets + padding + shared prefix KV cache. Reference = each
+ticket alone, no padding, no prefix cache, same model and dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from worker.engine.classifier import Classifier, Prepared, Prediction
+
+
+@dataclass
+class Disagreement:
+    index: int
+    id: str
+    batched_label: str
+    reference_label: str
+    reference_margin: float  # top-1 minus top-2 probability in the reference
+    max_abs_delta: float
+
+
+@dataclass
+class VerifyReport:
+    n: int
+    dtype: str
+    device: str
+    prefix_cache: bool
+    agreement_pct: float
+    max_abs_delta_prob: float
+    padding_pct: float
+    batches: int
+    batched_items_per_s: float
+    reference_items_per_s: float
+    speedup: float
+    disagreements: list[Disagreement] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def passed(self, flip_margin: float) -> bool:
+        """fp32 must agree fully; lower precision may flip only near-ties (reference margin < flip_margin)."""
+        if self.dtype == "fp32":
+            return not self.disagreements
+        return all(d.reference_margin < flip_margin for d in self.disagreements)
+
+
+def top2_margin(p: Prediction) -> float:
+    vals = sorted(p.scores.values(), reverse=True)
+    return vals[0] - vals[1] if len(vals) > 1 else 1.0
+
+
+def verify(
+    clf: Classifier,
+    items: Sequence[Prepared],
+    ids: Sequence[str],
+    progress: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    t0 = time.perf_counter()
+    batched, stats = clf.classify(items)
+    t_batched = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    reference = []
+    for p in items:
+        reference.extend(clf.reference([p]))
+        if progress:
+            progress(1)
+    t_ref = time.perf_counter() - t0
+
+    disagreements, max_delta, agree = [], 0.0, 0
+    for i, (b, r) in enumerate(zip(batched, reference)):
+        delta = max(abs(b.scores[k] - r.scores[k]) for k in r.scores)
+        max_delta = max(max_delta, delta)
+        if b.label == r.label:
+            agree += 1
+        else:
+            disagreements.append(Disagreement(i, str(ids[i]), b.label, r.label, top2_margin(r), delta))
+    n = len(items)
+    b_rate = n / t_batched if t_batched else float("inf")
+    r_rate = n / t_ref if t_ref else float("inf")
+    return VerifyReport(
+        n=n,
+        dtype=clf.dtype_name,
+        device=str(clf.device),
+        prefix_cache=clf.use_prefix_cache,
+        agreement_pct=100.0 * agree / n if n else 100.0,
+        max_abs_delta_prob=max_delta,
+        padding_pct=stats.padding_pct,
+        batches=stats.batches,
+        batched_items_per_s=b_rate,
+        reference_items_per_s=r_rate,
+        speedup=b_rate / r_rate if r_rate else float("inf"),
+        disagreements=disagreements,
+    )
