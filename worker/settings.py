@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    torch_threads: int = Field(0, ge=0, description="Intra-op CPU threads (0 = torch default); set when several workers share a host.")
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where converted GGUF weights are cached.")
     labels: str | None = Field(None, description="Comma-separated label names (overrides the default set).")
     task_file: Path | None = Field(None, description="YAML/JSON task: labels with descriptions, examples, instructions.")
@@ -92,3 +93,13 @@ class Settings(BaseSettings):
         if self.labels is None:
             return None
         return [x.strip() for x in self.labels.split(",") if x.strip()]
+
+    # --- stream worker (worker/stream) ------------------------------------
+    prefetch: bool = Field(True, description="Read + tokenize the next window while the model runs the current one.")
+
+    # --- RQ integration (worker.rqbatch) ----------------------------------
+    rq_allowed_callbacks: str | None = Field(
+        None,
+        description="Comma-separated dotted paths of RQ on_success/on_failure/on_stopped callbacks the batch worker "
+        "may run; a job naming any other callback fails without anything of it running.",
+    )

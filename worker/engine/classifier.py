@@ -99,6 +99,8 @@ class Classifier:
     # ------------------------------------------------------------------ build
     @classmethod
     def from_settings(cls, settings, task: Task | None = None) -> "Classifier":
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
         device = pick_device(settings.device)
         dtype = pick_dtype(device, settings.dtype)
         loaded = load_model(settings.model, device, dtype, settings.cache_dir)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from worker.settings import BUNDLED_MODEL
 
@@ -54,6 +55,8 @@ def bundled_gguf_path() -> Path:
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: Path) -> LoadedModel:
+    # transformers' tqdm bars ("Loading weights") would print plain text into JSON logs
+    hf_logging.disable_progress_bar()
     source = resolve_source(name, cache_dir)
     local = os.path.isdir(source)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)

@@ -1,0 +1,27 @@
+"""The producer side of triage: push support tickets into the worker's Redis stream, get results back.
+
+    from producer import TriageClient
+    client = TriageClient()                      # TRIAGE_* env (ProducerSettings)
+    sent = client.submit_many(["I was charged twice", {"text": "App crashes", "id": "T-2"}])
+    results = client.wait([s.ticket_id for s in sent], timeout_s=30)
+"""
+
+from producer.client import BacklogFull, Submitted, TriageClient, ticket_fields
+from producer.results import Result
+from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
+from producer.settings import ProducerSettings
+from producer.synth import generate_tickets, iter_tickets
+
+__all__ = [
+    "BacklogFull",
+    "ProducerSettings",
+    "Result",
+    "Submitted",
+    "TriageClient",
+    "generate_tickets",
+    "iter_tickets",
+    "ticket_fields",
+    "enqueue_ticket",
+    "enqueue_tickets",
+    "triage_queue",
+]

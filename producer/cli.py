@@ -1,0 +1,207 @@
+"""``triage-producer``: send tickets, make synthetic ones, read and wait for results, run the demo.
+
+Configured by the same TRIAGE_* environment as the worker (``ProducerSettings``);
+``--redis-url`` overrides TRIAGE_REDIS_URL for one command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import redis
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
+
+
+def _settings(args):
+    from producer.settings import ProducerSettings
+
+    return ProducerSettings(**({"redis_url": args.redis_url} if getattr(args, "redis_url", None) else {}))
+
+
+def _client(args):
+    from producer.client import TriageClient
+
+    return TriageClient(_settings(args))
+
+
+def _submit_with_bar(client, tickets: list, desc: str) -> list:
+    from tqdm import tqdm
+
+    with tqdm(total=len(tickets), desc=desc, unit="ticket", file=sys.stderr, disable=None) as bar:
+        return client.submit_many(tickets, on_progress=bar.update)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, ensure_ascii=False), flush=True)
+
+
+# ----------------------------------------------------------------- commands
+def cmd_send(args) -> int:
+    from worker.ticket_files import TicketFileError, read_tickets
+
+    try:
+        rows = read_tickets(args.file, limit=args.limit)
+    except (OSError, TicketFileError) as e:
+        print(f"triage-producer send: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    client = _client(args)
+    sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
+    if args.ids_out:
+        with open(args.ids_out, "w", encoding="utf-8") as f:
+            for s in sent:
+                f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
+    print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
+    if args.wait_s:
+        return _report_wait(client, [s.ticket_id for s in sent], args.wait_s, quiet=True)
+    return EXIT_OK
+
+
+def cmd_synth(args) -> int:
+    from producer.synth import generate_tickets
+
+    tickets = generate_tickets(args.n, seed=args.seed)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            for t in tickets:
+                f.write(json.dumps(t, ensure_ascii=False) + "\n")
+        print(f"wrote {len(tickets)} tickets to {args.out}", file=sys.stderr)
+    if args.send:
+        client = _client(args)
+        payload = [{"id": t["id"], "text": t["text"], "meta": {"synthetic_label": t["label"]}} for t in tickets]
+        sent = _submit_with_bar(client, payload, "send synthetic")
+        print(f"sent {len(sent)} synthetic tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
+    if not args.out and not args.send:
+        for t in tickets:
+            _print_json(t)
+    return EXIT_OK
+
+
+def cmd_results(args) -> int:
+    client = _client(args)
+    if not args.follow:
+        for r in client.recent_results(args.count or 20):
+            _print_json(r.to_dict())
+        return EXIT_OK
+    printed = 0
+    try:
+        for r in client.follow_results(since=args.since):
+            _print_json(r.to_dict())
+            printed += 1
+            if args.count and printed >= args.count:
+                break
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _report_wait(client, ids: list[str], timeout_s: float, *, quiet: bool = False) -> int:
+    got = client.wait(ids, timeout_s=timeout_s)
+    if quiet:
+        labels = Counter(r.label if r.ok else f"({r.status})" for r in got.values())
+        print(f"{len(got)}/{len(ids)} results: " + ", ".join(f"{k} {v}" for k, v in labels.most_common()))
+    else:
+        for tid in ids:
+            if tid in got:
+                _print_json(got[tid].to_dict())
+    missing = [t for t in ids if t not in got]
+    for tid in missing[:20]:
+        print(f"timed out after {timeout_s}s: {tid}", file=sys.stderr)
+    if len(missing) > 20:
+        print(f"... and {len(missing) - 20} more timed out", file=sys.stderr)
+    return EXIT_FAILED if missing else EXIT_OK
+
+
+def cmd_wait(args) -> int:
+    return _report_wait(_client(args), args.ids, args.timeout_s)
+
+
+def cmd_backlog(args) -> int:
+    client = _client(args)
+    s = client.settings
+    print(f"{client.backlog()} tickets waiting in {s.input_stream} (limit {s.input_max_backlog or 'none'}, policy {s.backpressure})")
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    from producer.demo import run_demo
+
+    return run_demo(
+        n=args.n, seed=args.seed, keep=args.keep, redis_url=args.redis_url, namespace=args.namespace,
+        timeout_s=args.timeout_s, json_out=args.json,
+    )
+
+
+# ------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="triage-producer", description="Push support tickets to the triage worker and read its results.")
+    parser.add_argument("--redis-url", help="overrides TRIAGE_REDIS_URL")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)")
+    p.add_argument("file")
+    p.add_argument("--limit", type=int, help="send at most this many")
+    p.add_argument("--ids-out", help="write {id, stream_id} JSON lines of what was sent here")
+    p.add_argument("--wait-s", type=float, default=0, help="then wait this long for the results and print label counts")
+    p.set_defaults(_run=cmd_send)
+
+    p = sub.add_parser("synth", help="generate realistic synthetic tickets (long-tailed lengths); print, save or send them")
+    p.add_argument("--n", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write JSON Lines (id, text, label) to this file")
+    p.add_argument("--send", action="store_true", help="send them to the input stream (label goes into meta.synthetic_label)")
+    p.set_defaults(_run=cmd_synth)
+
+    p = sub.add_parser("results", help="print results from the results stream, one JSON object per line")
+    p.add_argument("--count", type=int, help="how many (default: the last 20; with --follow: until interrupted)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new results as they arrive")
+    p.add_argument("--since", default="$", help="with --follow: start after this entry id ('0' = from the start; default: only new)")
+    p.set_defaults(_run=cmd_results)
+
+    p = sub.add_parser("wait", help="wait for the results of ticket ids; exit 1 if some did not arrive in time")
+    p.add_argument("ids", nargs="+")
+    p.add_argument("--timeout-s", type=float, default=30.0)
+    p.set_defaults(_run=cmd_wait)
+
+    p = sub.add_parser("backlog", help="how many tickets wait to be classified")
+    p.set_defaults(_run=cmd_backlog)
+
+    p = sub.add_parser("demo", help="end to end: (temp) Redis, synthetic tickets, a worker run --drain, a summary")
+    p.add_argument("--n", type=int, default=300, help="synthetic tickets to classify (plus 3 deliberately bad ones)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", action="store_true", help="keep the demo's streams and keys afterwards")
+    p.add_argument("--namespace", help="key prefix for the demo's streams (default: triage-demo:<random>:)")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="stop the worker after this long")
+    p.add_argument("--json", help="also write the summary as JSON to this file")
+    p.set_defaults(_run=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from producer.client import BacklogFull
+
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:  # `triage-producer synth | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except BacklogFull as e:
+        print(f"triage-producer {args.command}: {e} ({len(e.submitted)} sent before that)", file=sys.stderr)
+        return EXIT_BACKLOG
+    except redis.ConnectionError as e:
+        from worker.logs import mask_url
+
+        url = mask_url(args.redis_url or _settings(args).redis_url)
+        print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

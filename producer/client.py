@@ -1,0 +1,244 @@
+"""Push tickets into the input stream and collect their results: the producer's Python API.
+
+Why a client at all (XADD is one command): ticket ids the caller can wait on,
+pipelined submission of thousands of tickets per round trip, backpressure
+instead of an input stream that grows without bound (it is never trimmed: that
+would drop tickets), and a wait that sleeps on the results streams instead of
+hammering Redis with one GET per ticket per poll.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import redis
+
+from producer.results import Result, as_str
+from producer.settings import ProducerSettings
+
+GET_CHUNK = 1000  # keys per pipelined MGET while waiting
+
+
+@dataclass(frozen=True)
+class Submitted:
+    ticket_id: str  # key of the result: TRIAGE_RESULT_KEY_PREFIX + ticket_id
+    stream_id: str  # the entry id in the input stream
+
+
+class BacklogFull(RuntimeError):
+    """The input stream holds ``TRIAGE_INPUT_MAX_BACKLOG`` unclassified tickets; nothing more was sent.
+
+    ``submitted`` lists what this call had already sent before the limit hit."""
+
+    def __init__(self, backlog: int, limit: int, policy: str, waited_s: float, submitted: list[Submitted] | None = None):
+        self.backlog, self.limit, self.policy, self.waited_s = backlog, limit, policy, waited_s
+        self.submitted = submitted or []
+        how = "refused at once (TRIAGE_BACKPRESSURE=refuse)" if policy == "refuse" else f"still full after waiting {waited_s:.1f}s"
+        super().__init__(
+            f"input stream backlog is {backlog} tickets, limit {limit} (TRIAGE_INPUT_MAX_BACKLOG): {how}. "
+            "Start more workers, wait, or raise the limit."
+        )
+
+
+def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta: Any = None) -> dict[str, str]:
+    """The flat fields of one input entry (``meta``: a dict/list is JSON-encoded, a string is sent as is)."""
+    if not isinstance(text, str):
+        raise TypeError(f"ticket text must be a str, got {type(text).__name__}")
+    fields = {"text": text, "id": ticket_id}
+    if subject is not None:
+        fields["subject"] = str(subject)
+    if meta is not None:
+        fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False)
+    return fields
+
+
+def _normalize(ticket: str | Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """A plain string or a mapping with text / id / subject / meta (other keys are ignored)."""
+    if isinstance(ticket, str):
+        ticket = {"text": ticket}
+    if "text" not in ticket:
+        raise ValueError(f"ticket has no 'text': {dict(ticket)!r:.200}")
+    given = ticket.get("id")
+    tid = str(given) if given not in (None, "") else uuid.uuid4().hex
+    subject = ticket.get("subject") or None
+    meta = ticket.get("meta")
+    return tid, ticket_fields(ticket["text"], ticket_id=tid, subject=subject, meta=meta if meta not in ("", None) else None)
+
+
+class TriageClient:
+    """Submit tickets, check the backlog, wait for and read results."""
+
+    def __init__(self, settings: ProducerSettings | None = None, *, client: redis.Redis | None = None):
+        self.settings = settings or ProducerSettings()
+        self.redis = client or redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+
+    # ----------------------------------------------------------------- submit
+    def submit(self, text: str, *, id: str | None = None, subject: str | None = None, meta: Any = None) -> Submitted:
+        """Send one ticket; returns its ticket id (``id`` or a new uuid) and stream id."""
+        return self.submit_many([{"text": text, "id": id, "subject": subject, "meta": meta}])[0]
+
+    def submit_many(
+        self, tickets: Iterable[str | Mapping[str, Any]], *, on_progress: Callable[[int], None] | None = None
+    ) -> list[Submitted]:
+        """Send tickets in pipelined chunks (one round trip each), in order.
+
+        Before each chunk the backlog is checked against ``input_max_backlog``
+        (``block``: wait up to ``backpressure_timeout_s``; ``refuse``: raise
+        ``BacklogFull`` at once). ``on_progress(n)`` is called after each chunk.
+        """
+        s = self.settings
+        size = min(s.submit_chunk_size, s.input_max_backlog) if s.input_max_backlog else s.submit_chunk_size
+        done: list[Submitted] = []
+        chunk: list[tuple[str, dict[str, str]]] = []
+        for t in tickets:
+            chunk.append(_normalize(t))
+            if len(chunk) >= size:
+                self._send_chunk(chunk, done, on_progress)
+                chunk = []
+        if chunk:
+            self._send_chunk(chunk, done, on_progress)
+        return done
+
+    def _send_chunk(self, chunk, done: list[Submitted], on_progress) -> None:
+        try:
+            self.wait_for_room(len(chunk))
+        except BacklogFull as e:
+            e.submitted = list(done)
+            raise
+        pipe = self.redis.pipeline(transaction=False)
+        for _, fields in chunk:
+            pipe.xadd(self.settings.input_stream, fields)  # no MAXLEN: trimming would lose tickets
+        ids = pipe.execute()
+        done.extend(Submitted(tid, as_str(sid)) for (tid, _), sid in zip(chunk, ids))
+        if on_progress:
+            on_progress(len(chunk))
+
+    # ---------------------------------------------------------- backpressure
+    def backlog(self) -> int:
+        """Tickets in the input stream not yet classified: the group's lag + pending entries.
+
+        Classified entries stay in the stream (acked, not deleted), so XLEN is not
+        the backlog. Without a consumer group (no worker ever ran) every entry waits.
+        """
+        s = self.settings
+        try:
+            groups = self.redis.xinfo_groups(s.input_stream)
+        except redis.ResponseError:  # no such key: empty
+            return 0
+        for g in groups:
+            if as_str(g.get("name")) != s.group:
+                continue
+            pending = int(g.get("pending") or 0)
+            lag = g.get("lag")
+            if lag is not None:
+                return int(lag) + pending
+            # Redis cannot tell the lag (entries were deleted): count what follows the last delivered id
+            last = as_str(g.get("last-delivered-id") or "0-0")
+            cap = s.input_max_backlog + 1 if s.input_max_backlog else None
+            return pending + len(self.redis.xrange(s.input_stream, min="(" + last, max="+", count=cap))
+        return int(self.redis.xlen(s.input_stream))
+
+    def wait_for_room(self, n: int = 1) -> None:
+        """Return once ``n`` more tickets fit under ``input_max_backlog``; else ``BacklogFull``."""
+        s = self.settings
+        if not s.input_max_backlog:
+            return
+        n = min(n, s.input_max_backlog)
+        t0 = time.monotonic()
+        pause = 0.05
+        while True:
+            backlog = self.backlog()
+            if backlog + n <= s.input_max_backlog:
+                return
+            waited = time.monotonic() - t0
+            if s.backpressure == "refuse" or waited >= s.backpressure_timeout_s:
+                raise BacklogFull(backlog, s.input_max_backlog, s.backpressure, waited)
+            time.sleep(min(pause, s.backpressure_timeout_s - waited))
+            pause = min(pause * 2, 1.0)
+
+    # ---------------------------------------------------------------- results
+    def result_key(self, ticket_id: str) -> str:
+        return self.settings.result_key_prefix + ticket_id
+
+    def get_results(self, ticket_ids: Iterable[str]) -> dict[str, Result]:
+        """Latest results of those tickets that have one (classified or dead-lettered), pipelined."""
+        ids = list(ticket_ids)
+        out: dict[str, Result] = {}
+        for i in range(0, len(ids), GET_CHUNK):
+            part = ids[i : i + GET_CHUNK]
+            for tid, raw in zip(part, self.redis.mget([self.result_key(t) for t in part])):
+                if raw is not None:
+                    out[tid] = Result.from_json(as_str(raw), ticket_id=tid)
+        return out
+
+    def get_result(self, ticket_id: str) -> Result | None:
+        return self.get_results([ticket_id]).get(ticket_id)
+
+    def wait(self, ticket_ids: Iterable[str], timeout_s: float = 30.0) -> dict[str, Result]:
+        """Results for ``ticket_ids``, waiting up to ``timeout_s`` for the missing ones.
+
+        Returns what arrived (a dead-lettered ticket arrives with ``status ==
+        "dead_letter"`` and a ``reason``); ids missing from the dict timed out.
+        Between checks it blocks on XREAD of the results and dead-letter streams,
+        so it wakes when the worker writes, and re-reads only the ids still missing.
+        """
+        remaining = list(dict.fromkeys(ticket_ids))
+        got: dict[str, Result] = {}
+        deadline = time.monotonic() + timeout_s
+        cursors = self._stream_tails()
+        max_block_ms = self.settings.wait_poll_max_ms
+        while True:
+            found = self.get_results(remaining)
+            got.update(found)
+            remaining = [t for t in remaining if t not in found]
+            left_s = deadline - time.monotonic()
+            if not remaining or left_s <= 0:
+                return got
+            block_ms = max(1, min(max_block_ms, int(left_s * 1000)))
+            if self.redis.xread(cursors, count=1, block=block_ms):
+                cursors = self._stream_tails()  # woke on a write: skip past everything written so far
+                time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
+
+    def result(self, ticket_id: str, timeout_s: float = 30.0) -> Result:
+        """One ticket's result; ``TimeoutError`` if none within ``timeout_s``."""
+        got = self.wait([ticket_id], timeout_s)
+        if ticket_id not in got:
+            raise TimeoutError(f"no result for ticket {ticket_id!r} within {timeout_s}s (is a worker running on {self.settings.input_stream!r}?)")
+        return got[ticket_id]
+
+    def _stream_tails(self) -> dict[str, str]:
+        """Last entry id of the results and dead-letter streams ("0-0" if empty): XREAD from here sees only new writes."""
+        s = self.settings
+        pipe = self.redis.pipeline(transaction=False)
+        for name in (s.results_stream, s.dead_letter_stream):
+            pipe.xrevrange(name, count=1)
+        tails = {}
+        for name, rows in zip((s.results_stream, s.dead_letter_stream), pipe.execute()):
+            tails[name] = as_str(rows[0][0]) if rows else "0-0"
+        return tails
+
+    def recent_results(self, count: int = 20) -> list[Result]:
+        """The last ``count`` entries of the results stream, oldest first."""
+        rows = self.redis.xrevrange(self.settings.results_stream, count=count)
+        return [Result.from_stream(sid, fields) for sid, fields in reversed(rows)]
+
+    def follow_results(self, since: str = "$", block_ms: int = 1000, stop: Callable[[], bool] | None = None) -> Iterator[Result]:
+        """Results as the worker writes them, from ``since`` (``$``: only new ones; ``0``: from the start)."""
+        cursor = since
+        if cursor == "$":
+            cursor = self._stream_tails()[self.settings.results_stream]
+        while not (stop and stop()):
+            reply = self.redis.xread({self.settings.results_stream: cursor}, count=500, block=block_ms)
+            for _stream, rows in reply or []:
+                for sid, fields in rows:
+                    cursor = as_str(sid)
+                    yield Result.from_stream(sid, fields)
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
+        """The last ``count`` dead-letter records (oldest first), for a look at what was rejected and why."""
+        rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
+        return [{as_str(k): as_str(v) for k, v in fields.items()} | {"dead_letter_id": as_str(sid)} for sid, fields in reversed(rows)]

@@ -1,0 +1,134 @@
+"""A TCP forwarder between a worker and the shared Redis that can break the network on cue.
+
+Real sockets, real failures, no mocks, and no need to restart the (shared) Redis:
+
+    with TcpProxy("127.0.0.1", 6379) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        proxy.drop_at(b"EXEC", after=False)  # next MULTI/EXEC never reaches Redis: connection reset
+        proxy.drop_at(b"EXEC", after=True)   # next EXEC runs on Redis, but its reply is lost
+        proxy.cut(); ...; proxy.restore()    # outage: every connection reset, new ones refused
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+class TcpProxy:
+    def __init__(self, host: str, port: int):
+        self.target = (host, port)
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._trigger: tuple[bytes, bool] | None = None
+        self.triggered = threading.Event()
+        self.connections = 0
+
+    # ---------------------------------------------------------------- control
+    def start(self) -> "TcpProxy":
+        self._listen()
+        return self
+
+    def drop_at(self, command: bytes, *, after: bool) -> None:
+        """One shot: when a client sends ``command`` (e.g. b"EXEC"), reset that client's connection,
+        forwarding the command to Redis first if ``after`` (so it runs but the reply is lost)."""
+        self.triggered.clear()
+        self._trigger = (b"$%d\r\n%s\r\n" % (len(command), command.upper()), after)
+
+    def cut(self) -> None:
+        """Reset every connection and refuse new ones until ``restore()``."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+            pairs, self._pairs = self._pairs, []
+        if listener is not None:
+            _close(listener)
+        for a, b in pairs:
+            _close(a)
+            _close(b)
+
+    def restore(self) -> None:
+        self._listen()
+
+    def close(self) -> None:
+        self.cut()
+
+    # --------------------------------------------------------------- plumbing
+    def _listen(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self.port = s.getsockname()[1]
+        with self._lock:
+            self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+                server.settimeout(None)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    _close(client)
+                    _close(server)
+                    return
+                self._pairs.append((client, server))
+                self.connections += 1
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            trigger = self._trigger
+            if from_client and trigger is not None and trigger[0] in data.upper():
+                self._trigger = None
+                marker, after = trigger
+                _close(src)  # the client sees a reset before any reply can come back
+                if after:
+                    try:
+                        dst.sendall(data)
+                    except OSError:
+                        pass
+                    time.sleep(0.3)  # let Redis read and execute it before the connection goes
+                self.triggered.set()
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        _close(src)
+        _close(dst)
+
+    def __enter__(self) -> "TcpProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        s.close()
+    except OSError:
+        pass

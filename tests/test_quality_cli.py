@@ -1,0 +1,82 @@
+"""`triage-worker eval` and `triage-worker fit` end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.cli import main
+from worker.engine.classifier import Classifier
+from worker.engine.configure import scorer_kind
+from worker.engine.task import load_task_file
+from worker.quality.head import Head, HeadMismatch
+from worker.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKETS = ROOT / "tests" / "data" / "support_tickets_labelled.jsonl"
+
+
+@pytest.fixture
+def tiny_env(tiny_model_dir, tmp_path, monkeypatch) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
+    env.update(TRIAGE_MODEL=str(tiny_model_dir), TRIAGE_DEVICE="cpu", TRIAGE_DTYPE="fp32",
+               TRIAGE_CACHE_DIR=str(tmp_path / "cache"), TRIAGE_LOG_FORMAT="json", HF_HUB_OFFLINE="1")
+    for k in [k for k in os.environ if k.startswith("TRIAGE_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        if k.startswith("TRIAGE_"):
+            monkeypatch.setenv(k, v)
+    return env
+
+
+def test_eval_command_reports_metrics_for_every_variant_and_writes_a_png(tiny_env, tmp_path):
+    out, png = tmp_path / "eval.json", tmp_path / "cm.png"
+    cmd = [sys.executable, "-m", "worker", "eval", "--input", str(TICKETS), "--split", "test", "--limit", "20",
+           "--train", str(TICKETS), "--train-split", "train", "--k", "1", "--head-shots", "1",
+           "--pooling", "mean", "--json", str(out), "--plot", str(png), "--no-progress"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=tiny_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["n_test"] == 20 and report["n_train"] == 50 and report["model"] == tiny_env["TRIAGE_MODEL"]
+    names = {m["name"] for m in report["methods"]}
+    for want in ("zero-shot", "descriptions +contextual", "few-shot +prior", "task", "head logreg/mean",
+                 "head centroid/mean", "head on task examples logreg/mean"):
+        assert want in names, names
+    for m in report["methods"]:
+        assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["ece"] <= 1.0
+        assert sum(map(sum, m["confusion"])) == 20
+        assert set(m["per_label"]) == {"billing", "technical", "account", "shipping", "other"}
+    assert report["passes"]["few-shot"]["examples"] == 5 and report["learning_curve"][0]["per_label"] == 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "best:" in proc.stdout and "head logreg/mean" in proc.stdout
+
+
+def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys):
+    head_path, task_path = tmp_path / "head.safetensors", tmp_path / "task.yaml"
+    rc = main(["fit", "--input", str(TICKETS), "--split", "train", "--out", str(head_path),
+               "--examples-out", str(task_path), "--k", "1", "--method", "centroid", "--no-progress"])
+    assert rc == 0
+    assert f"TRIAGE_HEAD_PATH={head_path}" in capsys.readouterr().out
+    task = load_task_file(task_path)
+    assert len(task.examples) == 5 and {e.label for e in task.examples} == set(task.labels)
+    head = Head.load(head_path)
+    assert head.method == "centroid" and head.meta["n_train"] == 50
+    clf = Classifier.from_settings(Settings(task_file=task_path, head_path=head_path))
+    assert scorer_kind(clf) == "head"
+    preds = clf.classify_texts(["I was charged twice", "the app crashes"])
+    assert all(p.label in task.labels for p in preds)
+    with pytest.raises(HeadMismatch, match="prompt"):  # same labels, but without the examples it was fitted under
+        Classifier.from_settings(Settings(head_path=head_path))
+
+
+def test_fit_refuses_unknown_labels_and_empty_requests(tiny_env, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello", "label": "greeting"}\n{"text": "pay", "label": "billing"}\n')
+    assert main(["fit", "--input", str(data), "--out", str(tmp_path / "h.safetensors")]) == 2
+    assert "labels the configured task does not know" in capsys.readouterr().err
+    assert main(["fit", "--input", str(data)]) == 2

@@ -1,0 +1,266 @@
+"""``triage-bench``: every batching mode on the same tickets, same model, same dtype, in one process.
+
+Prints hardware + workload, a progress bar per mode and one table per prompt;
+``--json`` writes every figure, ``--plot`` a PNG. Definitions: docs/benchmark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import sys
+import time
+
+# CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
+DEFAULT_N, QUICK_N = 24, 6
+DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 3
+SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="triage-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w = p.add_argument_group("workload")
+    w.add_argument("--n", type=int, help=f"tickets (default {DEFAULT_N}; --quick {QUICK_N})")
+    w.add_argument("--seed", type=int, default=0, help="synthetic generator seed / sample seed for --input (default 0)")
+    w.add_argument("--input", metavar="FILE", help="JSON Lines with 'text', or CSV with a 'text' column (a seeded sample of --n rows)")
+    w.add_argument("--prompt", choices=("few-shot", "zero-shot", "both"), default="few-shot",
+                   help="few-shot = the configured task with its examples (default); zero-shot = the same without examples")
+    m = p.add_argument_group("model and batching (defaults: the TRIAGE_* settings)")
+    m.add_argument("--model", help="TRIAGE_MODEL: HF id, directory, .gguf or bundled:smollm2")
+    m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
+    m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
+    m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
+    m.add_argument("--max-batch-items", type=int, help="modes 4-5: items per pass at most (TRIAGE_MAX_BATCH_ITEMS)")
+    m.add_argument("--max-batch-tokens", type=int, help="modes 4-5: padded tokens per pass at most (TRIAGE_MAX_BATCH_TOKENS)")
+    m.add_argument("--fixed-batch", type=int, help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
+    r = p.add_argument_group("what to run")
+    r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
+    r.add_argument("--quick", action="store_true", help=f"{QUICK_N} tickets: a smoke run, well under a minute")
+    r.add_argument("--sweep", action="store_true", help="also run mode 5 over a max_batch_items x max_batch_tokens grid")
+    r.add_argument("--sweep-items", default=SWEEP_ITEMS, help="grid for --sweep (default %(default)s)")
+    r.add_argument("--sweep-tokens", default=SWEEP_TOKENS, help="grid for --sweep (default %(default)s)")
+    r.add_argument("--redis", action="store_true", help="mode 6: the same tickets through Redis + `python -m worker run --drain`")
+    r.add_argument("--redis-url", help="TRIAGE_REDIS_URL for --redis")
+    r.add_argument("--gemm-tokens", type=int, help="M of the GEMM microbenchmark (default 512 on CPU, 8192 on GPU)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="OUT", help="write every figure as JSON (keys: docs/benchmark.md)")
+    o.add_argument("--plot", metavar="OUT_PNG", help="throughput, padding and length-histogram figure")
+    o.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(k, v)
+    try:
+        modes = _mode_keys(args.modes)
+        sweep = [(i, t) for i in _ints(args.sweep_items) for t in _ints(args.sweep_tokens)] if args.sweep else []
+    except ValueError as e:
+        print(f"triage-bench: {e}", file=sys.stderr)
+        return 2
+    n = args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)
+    if args.fixed_batch is None:
+        args.fixed_batch = QUICK_FIXED_BATCH if args.quick else DEFAULT_FIXED_BATCH
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if n < 1 or args.fixed_batch < 1:
+        print("triage-bench: --n and --fixed-batch must be >= 1", file=sys.stderr)
+        return 2
+    return run_benchmark(args, n, modes, sweep)
+
+
+def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: list[tuple[int, int]]) -> int:
+    from pydantic import ValidationError
+
+    from worker.settings import Settings
+
+    names = ("model", "device", "dtype", "max_batch_items", "max_batch_tokens", "redis_url")
+    try:
+        settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
+    except ValidationError as e:
+        print(f"triage-bench: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    from worker.bench import report
+    from worker.bench import workload as wl
+    from worker.bench.gemm import ModelShape, measure_gemm
+    from worker.bench.modes import MODES, run_mode, warm_up
+    from worker.engine.task import task_from_settings
+
+    t_start = time.perf_counter()
+    wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
+    clfs = build_classifiers(settings, wl.prompt_tasks(task_from_settings(settings), args.prompt))
+    first = clfs[0][1]
+    shape = ModelShape.from_model(first.model)
+    gemm = measure_gemm(shape, first.device, first.model.dtype, args.gemm_tokens or (8192 if first.device.type == "cuda" else 512))
+    items = first.prepare_valid(list(wk.texts))  # the tokenizer is shared: one tokenization describes the workload
+    doc = {
+        "schema": report.SCHEMA,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": args.argv,
+        "quick": args.quick,
+        "hardware": hardware(first),
+        "model": {"name": settings.model, "label": args.model_label, "shape": shape.as_dict(), "labels": list(first.labels)},
+        "settings": {"max_batch_items": settings.max_batch_items, "max_batch_tokens": settings.max_batch_tokens,
+                     "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens},
+        "workload": {
+            "source": wk.source, "n": wk.n, "seed": args.seed,
+            "words": wl.length_summary([len(t.split()) for t in wk.texts]),
+            "text_tokens": wl.length_summary([p.n_text_tokens for p in items]),
+            "truncated": sum(p.truncated for p in items),
+        },
+        "gemm": gemm.as_dict(),
+        "runs": [],
+        "redis": None,
+    }
+    print(report.header(doc["hardware"], doc["model"], doc["workload"], doc["gemm"], doc["settings"]), flush=True)
+    cpu_clock = first.device.type == "cpu"  # CPU-time figures: only where the model runs on the CPU
+    first_runs: dict = {}
+    for prompt, clf in clfs:
+        items = clf.prepare_valid(list(wk.texts))
+        warm_up(clf, items)
+        runs = {}
+        for key in modes:
+            with _bar(args, len(items), f"{prompt} {MODES[key].title}") as bar:
+                runs[key] = run_mode(clf, items, MODES[key], args.fixed_batch, on_batch=bar.update)
+            print(f"  {prompt} {MODES[key].title}: {len(items)} tickets in {runs[key].wall_s:.1f}s", file=sys.stderr, flush=True)
+        base = runs.get("sequential")
+        first_runs = first_runs or {k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"}
+        summaries = [report.summarize(runs[k], shape, clf.prefix_length, doc["gemm"], base, cpu_clock) for k in modes]
+        entry = {"prompt": prompt, "prefix_tokens": clf.prefix_length, "baseline": "sequential" if base else None,
+                 "modes": summaries, "suffix_tokens": [len(p.ids) for p in items], "buckets": None, "sweep": []}
+        if "bucketed_cached" in runs:
+            entry["buckets"] = [{"items": b.size, "min_len": min(b.lengths), "max_len": b.max_len}
+                                for b in runs["bucketed_cached"].batches]
+        print(f"\n[{prompt}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, same {len(items)} tickets\n"
+              + report.table(summaries), flush=True)
+        if sweep:
+            entry["sweep"] = run_sweep(args, clf, items, sweep, shape, doc["gemm"], cpu_clock)
+            print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
+        doc["runs"].append(entry)
+    if args.redis:
+        from worker.bench.modes import run_redis
+
+        print("\nmode 6: enqueue + `python -m worker run --drain` (few-shot task) ...", flush=True)
+        doc["redis"] = red = run_redis(settings, wk.texts, first.dtype_name, first_runs)
+        m5 = next((m for r in doc["runs"] if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"), None)
+        if m5 and red.get("items_per_s"):
+            red["vs_mode5"] = red["items_per_s"] / m5["items_per_s"]
+        print(report.redis_line(red), flush=True)
+    doc["total_s"] = time.perf_counter() - t_start
+    if args.json:
+        report.write_json(args.json, doc)
+        print(f"\nJSON: {args.json}")
+    if args.plot:
+        try:
+            from worker.bench.plot import plot
+
+            plot(doc, args.plot)
+            print(f"plot: {args.plot}")
+        except ImportError as e:  # matplotlib is optional (the GPU box may lack it)
+            print(f"plot skipped ({e}); re-plot later: python -m worker.bench.plot {args.json or 'BENCH.json'} {args.plot}")
+    print(f"total {doc['total_s']:.0f}s (model load, GEMM, all modes)")
+    return 0
+
+
+def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> list[dict]:
+    """Mode 5 at each (max_batch_items, max_batch_tokens): where throughput saturates."""
+    from worker.bench import report
+    from worker.bench.modes import MODES, run_mode
+
+    rows, saved = [], (clf.max_batch_items, clf.max_batch_tokens)
+    try:
+        for max_items, max_tokens in grid:
+            clf.max_batch_items, clf.max_batch_tokens = max_items, max_tokens
+            with _bar(args, len(items), f"sweep items={max_items} tokens={max_tokens}") as bar:
+                run = run_mode(clf, items, MODES["bucketed_cached"], args.fixed_batch, on_batch=bar.update)
+            s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
+            rows.append({"max_batch_items": max_items, "max_batch_tokens": max_tokens, "batches": s["batches"], "wall_s": s["wall_s"],
+                         "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
+                         "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
+    finally:
+        clf.max_batch_items, clf.max_batch_tokens = saved
+    return rows
+
+
+def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
+    """One classifier per prompt variant, all sharing one loaded model (built like ``Classifier.from_settings``)."""
+    from worker.engine.classifier import Classifier
+    from worker.engine.configure import apply_scoring_settings
+    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.loader import load_model
+
+    device = pick_device(settings.device)
+    loaded = load_model(settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
+    out = []
+    for name, task in tasks:
+        clf = Classifier(
+            loaded, task, max_input_tokens=settings.max_input_tokens, truncate=settings.truncate, prefix_cache=True,
+            max_batch_items=settings.max_batch_items, max_batch_tokens=settings.max_batch_tokens,
+            confidence_threshold=settings.confidence_threshold, fallback_label=settings.fallback_label,
+        )
+        apply_scoring_settings(clf, settings)
+        out.append((name, clf))
+    return out
+
+
+def _bar(args, total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc[:48], unit="tk", file=sys.stderr, leave=False, disable=True if args.no_progress else None)
+
+
+def _mode_keys(spec: str) -> list[str]:
+    from worker.bench.modes import MODE_ORDER
+
+    out = []
+    for tok in (t.strip() for t in spec.split(",")):
+        if tok and (not tok.isdigit() or not 1 <= int(tok) <= len(MODE_ORDER)):
+            raise ValueError(f"--modes takes numbers 1-{len(MODE_ORDER)}, got {tok!r}")
+        if tok:
+            out.append(MODE_ORDER[int(tok) - 1])
+    if not out:
+        raise ValueError("--modes selects nothing")
+    return sorted(set(out), key=MODE_ORDER.index)
+
+
+def _ints(spec: str) -> list[int]:
+    vals = [int(x) for x in spec.split(",") if x.strip()]
+    if not vals or min(vals) < 1:
+        raise ValueError(f"expected a comma list of positive integers, got {spec!r}")
+    return vals
+
+
+def hardware(clf) -> dict:
+    import torch
+    import transformers
+
+    dev = clf.device
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "dtype": clf.dtype_name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

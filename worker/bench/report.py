@@ -1,0 +1,200 @@
+"""Turn mode runs into figures: one dict per mode (the JSON), and a terminal table.
+
+All ratios are against the sequential mode of the same run, so noise from a
+shared machine mostly cancels.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from worker.bench.gemm import ModelShape, computed_flops, work_flops
+
+SCHEMA = "triage-bench/1"
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (a value that really occurred)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def agreement(preds: Sequence, base: Sequence | None) -> tuple[float | None, float | None]:
+    """Share of tickets with the baseline's label, and the largest |probability difference| on any label."""
+    if base is None:
+        return None, None
+    same = sum(p.label == b.label for p, b in zip(preds, base))
+    delta = max((abs(p.scores[k] - b.scores[k]) for p, b in zip(preds, base) for k in b.scores), default=0.0)
+    return same / len(base), delta
+
+
+def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=None, cpu_clock: bool = True) -> dict:
+    """Every figure for one mode. ``base``: the sequential run (ratios, agreement); ``gemm``: ``GemmResult.as_dict()``.
+
+    ``cpu_clock``: also report CPU-time figures (process CPU seconds, all threads). On a
+    shared CPU they measure the work done rather than the time spent waiting for a core;
+    on a GPU they mean nothing and are left out.
+    """
+    n = len(run.preds)
+    work_fl = work_flops(shape, prefix_len, run.work_lengths)
+    comp_fl = computed_flops(shape, run.batches, prefix_len, run.cached, run.pad_to)
+    agree, dprob = agreement(run.preds, None if base is None else base.preds)
+    wall, cpu = run.wall_s, (run.cpu_s if cpu_clock else None)
+    peak, peak_cpu = (gemm or {}).get("flops_per_s"), (gemm or {}).get("flops_per_cpu_s") if cpu_clock else None
+    t = {"computed": run.computed_tokens, "real": run.real_tokens, "work": run.work_tokens,
+         "padding": run.computed_tokens - run.real_tokens, "prefix_recomputed": run.prefix_tokens_recomputed,
+         "text": sum(p.n_tokens for p in run.preds)}
+    return {
+        "key": run.key,
+        "title": run.title,
+        "prefix_cache": run.cached,
+        "pad_to": run.pad_to,
+        "items": n,
+        "batches": len(run.batches),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "items_per_s": _div(n, wall),
+        "items_per_cpu_s": _div(n, cpu),
+        "work_tokens_per_s": _div(run.work_tokens, wall),
+        "tokens": t,
+        "padding_pct": 100.0 * t["padding"] / t["computed"] if t["computed"] else None,
+        "padding_waste_x": _div(t["computed"], t["real"]),
+        "computed_per_work_x": _div(t["computed"], t["work"]),
+        "speedup_vs_sequential": _div(base.wall_s, wall) if base is not None else None,
+        "speedup_vs_sequential_cpu": _div(base.cpu_s, cpu) if base is not None and cpu else None,
+        "label_agreement": agree,
+        "max_abs_dprob": dprob,
+        "latency": {
+            "batch_ms_p50": _ms(percentile(run.item_batch_s, 50)),
+            "batch_ms_p99": _ms(percentile(run.item_batch_s, 99)),
+            "done_s_p50": percentile(run.done_s, 50),
+            "done_s_p99": percentile(run.done_s, 99),
+        },
+        "flops": {
+            "work": work_fl,
+            "computed": comp_fl,
+            "work_per_s": _div(work_fl, wall),
+            "computed_per_s": _div(comp_fl, wall),
+            "mfu": _div(_div(work_fl, wall), peak),
+            "hfu": _div(_div(comp_fl, wall), peak),
+            "mfu_cpu": _div(_div(work_fl, cpu), peak_cpu),
+        },
+    }
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else s * 1000.0
+
+
+# ------------------------------------------------------------------- tables
+_SPEED = [
+    ("mode", 31, lambda m: m["title"]),
+    ("items/s", 7, lambda m: _f(m["items_per_s"], 2)),
+    ("x seq", 5, lambda m: _f(m["speedup_vs_sequential"], 2)),
+    ("tok/s", 6, lambda m: _f(m["work_tokens_per_s"], 0)),
+    ("MFU %", 5, lambda m: _f(_pct(m["flops"]["mfu"]), 1)),
+    ("CPU s", 6, lambda m: _f(m["cpu_s"], 1)),
+    ("x seq CPU", 9, lambda m: _f(m["speedup_vs_sequential_cpu"], 2)),
+    ("MFU CPU %", 9, lambda m: _f(_pct(m["flops"]["mfu_cpu"]), 1)),
+    ("batch ms p50/p99", 16, lambda m: f"{_f(m['latency']['batch_ms_p50'], 0)}/{_f(m['latency']['batch_ms_p99'], 0)}"),
+    ("done s p50/p99", 14, lambda m: f"{_f(m['latency']['done_s_p50'], 1)}/{_f(m['latency']['done_s_p99'], 1)}"),
+]
+_WORK = [
+    ("mode", 31, lambda m: m["title"]),
+    ("batches", 7, lambda m: str(m["batches"])),
+    ("computed", 8, lambda m: str(m["tokens"]["computed"])),
+    ("real", 6, lambda m: str(m["tokens"]["real"])),
+    ("ticket", 6, lambda m: str(m["tokens"]["work"])),
+    ("pad %", 5, lambda m: _f(m["padding_pct"], 1)),
+    ("pad x", 5, lambda m: _f(m["padding_waste_x"], 2)),
+    ("comp/ticket", 11, lambda m: _f(m["computed_per_work_x"], 2)),
+    ("agree %", 7, lambda m: _f(_pct(m["label_agreement"]), 1)),
+    ("max|dp|", 7, lambda m: _f(m["max_abs_dprob"], 4)),
+]
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100.0 * x
+
+
+def _f(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def _table(cols, modes: Sequence[dict]) -> str:
+    head = "  ".join(name.rjust(w) if i else name.ljust(w) for i, (name, w, _) in enumerate(cols))
+    lines = [head, "-" * len(head)]
+    for m in modes:
+        lines.append("  ".join(fn(m).rjust(w) if i else fn(m)[:w].ljust(w) for i, (_, w, fn) in enumerate(cols)))
+    return "\n".join(lines)
+
+
+def table(modes: Sequence[dict]) -> str:
+    """Speed (wall clock and CPU time) and work (tokens, padding, answers); columns in docs/benchmark.md."""
+    return _table(_SPEED, modes) + "\n\n" + _table(_WORK, modes)
+
+
+def sweep_table(rows: Sequence[dict]) -> str:
+    lines = ["max_batch_items  max_batch_tokens  batches  items/s  items/CPU-s  pad %  MFU %", "-" * 76]
+    for r in rows:
+        lines.append(
+            f"{r['max_batch_items']:>15}  {r['max_batch_tokens']:>16}  {r['batches']:>7}  {_f(r['items_per_s'], 2):>7}"
+            f"  {_f(r['items_per_cpu_s'], 2):>11}  {_f(r['padding_pct'], 1):>5}  {_f(_pct(r['mfu']), 1):>5}"
+        )
+    return "\n".join(lines)
+
+
+def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, settings: dict) -> str:
+    hw = hardware
+    lines = [
+        f"hardware : {hw['cpu_model']} | {hw['cpu_cores']} cores | torch threads {hw['torch_threads']} | "
+        f"device {hw['device']}{' (' + hw['device_name'] + ')' if hw.get('device_name') else ''} | dtype {hw['dtype']} | "
+        f"torch {hw['torch']} | transformers {hw['transformers']}",
+        f"model    : {model.get('label') or model['name']} | {model['shape']['layers']} layers, hidden {model['shape']['hidden']}, "
+        f"{model['shape']['non_embedding_params'] / 1e6:.1f}M non-embedding params",
+        f"workload : {workload['source']} | {workload['n']} tickets | text tokens p50 {workload['text_tokens'].get('p50')} "
+        f"p90 {workload['text_tokens'].get('p90')} p99 {workload['text_tokens'].get('p99')} max {workload['text_tokens'].get('max')} "
+        f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
+        f"batching : max_batch_items {settings['max_batch_items']}, max_batch_tokens {settings['max_batch_tokens']} "
+        f"(modes 4-5); fixed batch {settings['fixed_batch_items']} items (modes 2-3)",
+    ]
+    if gemm:
+        per_cpu = f", {gemm['flops_per_cpu_s'] / 1e9:,.1f} GFLOP per CPU-second" if hw["device"] == "cpu" else ""
+        lines.append(
+            f"GEMM     : {gemm['flops_per_s'] / 1e9:,.1f} GFLOP/s measured{per_cpu} ({gemm['dtype']}, M={gemm['tokens']}, "
+            f"the model's 7 linear shapes, best of 5)"
+        )
+    if hw.get("load_avg_1m") is not None:
+        lines.append(f"load     : 1-min load average {hw['load_avg_1m']} at start (other processes share this machine: "
+                     "compare the CPU-time columns)" if hw["device"] == "cpu" else f"load     : {hw['load_avg_1m']}")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, doc: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def redis_line(red: dict) -> str:
+    """Mode 6 in a few lines: throughput through the queue, and where its time went."""
+    if red.get("error"):
+        return f"6 through Redis: FAILED: {red['error']}"
+    agree = ", ".join(f"{_f(_pct(a['label_agreement']), 1)}% labels as {k} (max|dp| {a['max_abs_dprob']:.4f})"
+                      for k, a in red.get("agreement", {}).items())
+    return (
+        f"6 through Redis + worker: {red['items']} tickets, {_f(red['items_per_s'], 2)} items/s "
+        f"({_f(red.get('vs_mode5'), 2)}x mode 5) over {red['wall_s']:.1f}s from worker_ready to the last result; "
+        f"{red['worker_batches']} worker batches: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
+        f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "
+        f"process {red['process_s']:.1f}s incl. model load\n  {agree or 'no reference run (needs the few-shot prompt)'}"
+    )

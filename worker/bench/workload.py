@@ -1,0 +1,93 @@
+"""The tickets and prompt variants a benchmark run measures.
+
+Every mode runs on exactly these texts, so throughput ratios and label
+agreement compare like with like.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPTS = ("few-shot", "zero-shot")
+
+
+@dataclass(frozen=True)
+class Workload:
+    source: str  # "synthetic(seed=0)" or the input file path
+    texts: tuple[str, ...]
+    labels: tuple[str | None, ...]  # intended/gold label where the source has one (not used for speed)
+
+    @property
+    def n(self) -> int:
+        return len(self.texts)
+
+
+def synthetic(n: int, seed: int = 0) -> Workload:
+    """Long-tailed synthetic tickets from ``producer.synth`` (median ~23 words, max ~950)."""
+    from producer.synth import generate_tickets
+
+    tickets = generate_tickets(n, seed=seed)
+    return Workload(f"synthetic(seed={seed})", tuple(t["text"] for t in tickets), tuple(t.get("label") for t in tickets))
+
+
+def from_file(path: str | Path, n: int | None, seed: int = 0) -> Workload:
+    """JSON Lines (``text`` field) or CSV (``text`` column).
+
+    With ``n`` smaller than the file, a seeded random sample (kept in file order)
+    is taken: dataset files are often sorted by label, and the first ``n`` rows
+    would all be one intent.
+    """
+    path = Path(path)
+    rows = _read_rows(path)
+    if not rows:
+        raise ValueError(f"{path}: no rows with a non-empty 'text'")
+    if n is not None and n < len(rows):
+        keep = sorted(random.Random(seed).sample(range(len(rows)), n))
+        rows = [rows[i] for i in keep]
+    label = lambda r: (str(r["label"]) if r.get("label") not in (None, "") else None)  # noqa: E731
+    return Workload(str(path), tuple(str(r["text"]) for r in rows), tuple(label(r) for r in rows))
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None or "text" not in reader.fieldnames:
+                raise ValueError(f"{path}: CSV needs a 'text' column (got {reader.fieldnames})")
+            rows = list(reader)
+    else:
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                rec = json.loads(line)
+                if not isinstance(rec, dict) or "text" not in rec:
+                    raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field")
+                rows.append(rec)
+    return [r for r in rows if isinstance(r.get("text"), str) and r["text"].strip()]
+
+
+def prompt_tasks(base_task, prompt: str) -> list[tuple[str, object]]:
+    """``few-shot`` = the configured task (with its examples); ``zero-shot`` = the same without examples."""
+    if prompt not in (*PROMPTS, "both"):
+        raise ValueError(f"--prompt must be one of {PROMPTS + ('both',)}")
+    wanted = PROMPTS if prompt == "both" else (prompt,)
+    return [(name, base_task if name == "few-shot" else base_task.without_examples()) for name in wanted]
+
+
+def length_summary(lengths: list[int]) -> dict[str, float]:
+    """p50/p90/p99/max/mean/sum of a length list (nearest-rank percentiles, no numpy needed)."""
+    if not lengths:
+        return {"n": 0}
+    s = sorted(lengths)
+
+    def pct(q: float) -> int:
+        return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+    return {"n": len(s), "p50": pct(50), "p90": pct(90), "p99": pct(99), "max": s[-1], "mean": round(sum(s) / len(s), 1), "sum": sum(s)}

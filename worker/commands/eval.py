@@ -1,0 +1,148 @@
+"""Measure label quality on a labelled file: accuracy, macro-F1, per-label precision/recall,
+calibration (ECE), coverage at confidence thresholds, and a confusion-matrix PNG.
+
+Compares in one run: prompt variants (zero-shot, label descriptions, few-shot k per label,
+the task as configured), each raw and with contextual / prior calibration, and -- when
+--train is given -- a scorer head (logistic regression / nearest centroid, mean / last-token
+pooling) fitted on the training tickets. Settings (model, dtype, task, batch sizes) come
+from TRIAGE_* as for the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+NAME = "eval"
+HELP = "measure accuracy / macro-F1 / calibration of prompt variants and a fitted head on labelled tickets"
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="labelled JSONL/CSV (text, label), or clinc150-domains:test, banking77:test, ...")
+    p.add_argument("--split", default=None, help="only rows of --input whose 'split' field equals this")
+    p.add_argument("--train", default=None, help="labelled training file or named set (few-shot examples and the head)")
+    p.add_argument("--train-split", default=None, help="only rows of --train whose 'split' field equals this")
+    p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to both files' labels")
+    p.add_argument("--limit", type=int, default=None, help="score a seeded random sample of N test tickets")
+    p.add_argument("--train-per-label", type=int, default=None, help="use a seeded sample of N training tickets per label")
+    p.add_argument("--variants", type=_csv, default=["zero-shot", "descriptions", "few-shot", "task", "head"],
+                   help="comma list of zero-shot,descriptions,few-shot,task,head (default: all)")
+    p.add_argument("--k", type=int, default=2, help="few-shot examples per label (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calibration", type=_csv, default=["none", "contextual", "prior"], help="comma list of none,contextual,prior")
+    p.add_argument("--head-methods", type=_csv, default=["logreg", "centroid"])
+    p.add_argument("--pooling", type=_csv, default=["mean", "last"])
+    p.add_argument("--head-shots", type=lambda v: [int(x) for x in _csv(v)], default=[],
+                   help="learning curve: also fit heads on N training tickets per label, e.g. 1,2,4,8")
+    p.add_argument("--curve-repeats", type=int, default=3, help="seeded resamples per learning-curve point")
+    p.add_argument("--cache-dir", type=Path, default=None, help="cache forward-pass results here (.npz) for fast re-runs")
+    p.add_argument("--max-prompt-labels", type=int, default=30, help="above this many labels only the head is measured")
+    p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
+    p.add_argument("--plot", type=Path, default=None, help="write confusion matrices (PNG) here")
+    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
+    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
+    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.loader import load_model
+    from worker.logs import configure_logging
+    from worker.quality import data, evaluation
+    from worker.quality.fewshot import pick_examples
+    from worker.settings import Settings
+
+    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
+    settings = Settings(**overrides)
+    configure_logging(settings.log_format, settings.log_level)
+    t_start = time.perf_counter()
+    try:
+        test_src = data.resolve(args.input, args.label_map, args.split)
+        train_src = data.resolve(args.train, args.label_map, args.train_split) if args.train else None
+        test = data.subsample(test_src.rows, args.limit, args.seed)
+        train = train_src.rows if train_src else None
+        if train and args.train_per_label:
+            train = [data.Labelled(e.text, e.label) for e in pick_examples(train, args.train_per_label, args.seed, max_chars=None)]
+        base, descriptions = _base_task(settings, test, train, test_src)
+    except (data.DataError, ValueError, OSError) as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 2
+    device = pick_device(settings.device)
+    dtype = pick_dtype(device, settings.dtype)
+    loaded = load_model(settings.model, device, dtype, settings.cache_dir)
+    cfg = evaluation.EvalConfig(
+        variants=args.variants, k=args.k, seed=args.seed, calibrations=args.calibration, head_methods=args.head_methods,
+        poolings=args.pooling, max_prompt_labels=args.max_prompt_labels, progress=not args.no_progress,
+        head_shots=args.head_shots, curve_repeats=args.curve_repeats, cache_dir=args.cache_dir,
+    )
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log)
+    report = {
+        "model": settings.model, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+        "input": test_src.description, "train": train_src.description if train_src else None,
+        "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),
+    } | report
+    _print_table(report)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot and report["methods"]:
+        from worker.quality.plot import plot_confusions
+
+        plot_confusions([(m["name"], report["labels"], m["confusion"]) for m in _plot_methods(report["methods"])], args.plot)
+    return 0
+
+
+def _base_task(settings, test, train, src):
+    """The configured task when it covers the data's labels, else a task over the data's labels."""
+    from worker.engine.task import DEFAULT_LABELS, Task, task_from_settings
+    from worker.quality import data
+
+    task = task_from_settings(settings)
+    seen = set(data.label_order(test, train or []))
+    descriptions = data.descriptions_from_label_map(src.label_map_path) if src.label_map_path else {}
+    if settings.task_file is not None or settings.labels is not None:
+        unknown = sorted(seen - set(task.labels))
+        if unknown:
+            raise ValueError(f"the data has labels the task does not know: {unknown}")
+        return task, descriptions
+    if seen == set(task.labels):
+        return task, descriptions
+    labels = data.label_order(test, train or [], preferred=list(DEFAULT_LABELS))
+    known = {lab: DEFAULT_LABELS[lab] for lab in labels if lab in DEFAULT_LABELS}
+    return Task(tuple(labels), {}, (), task.instructions), descriptions | known
+
+
+def _plot_methods(methods: list[dict]) -> list[dict]:
+    """At most 9 panels: uncalibrated prompts and mean-pooled heads first."""
+    first = [m for m in methods if m.get("calibration") == "none" and "/last" not in m["name"]]
+    rest = [m for m in methods if m not in first]
+    return (first + rest)[:9]
+
+
+def _print_table(report: dict) -> None:
+    out = sys.stdout
+    print(f"model {report['model']} ({report['dtype']}, {report['device']})  test {report['n_test']}: {report['input']}", file=out)
+    if report["train"]:
+        print(f"train {report['n_train']}: {report['train']}", file=out)
+    for s in report["skipped"]:
+        print(f"  skipped {s}", file=out)
+    print(f"{'method':40s} {'acc':>6s} {'macroF1':>7s} {'ECE':>6s}  coverage/acc at p>=0.5, 0.7", file=out)
+    for m in report["methods"]:
+        sel = {s["threshold"]: s for s in m["selective"]}
+        cov = "  ".join(f"{sel[t]['coverage']:.2f}/" + (f"{sel[t]['accuracy']:.2f}" if sel[t]["accuracy"] is not None else "-")
+                        for t in (0.5, 0.7))
+        print(f"{m['name']:40s} {m['accuracy']:6.3f} {m['macro_f1']:7.3f} {m['ece']:6.3f}  {cov}", file=out)
+    for c in report["learning_curve"]:
+        print(f"  curve: {c['per_label']:3d}/label head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
+              f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} ECE {c['ece']:.3f} ({c['repeats']}x)", file=out)
+    print(f"best: {report['best']}   ({report['wall_s']} s)", file=out)

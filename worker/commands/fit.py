@@ -1,0 +1,110 @@
+"""Fit a scorer head on labelled tickets, and/or write few-shot examples into a task file.
+
+  triage-worker fit --input TRAIN --out head.safetensors          # head for the configured task
+  triage-worker fit --input TRAIN --examples-out task.yaml --k 2  # task file with k examples per label
+  (both at once: the head is fitted for the new task file's prompt)
+
+The head is tied to the model and the exact prompt (instructions, descriptions,
+examples) it was fitted with; the worker refuses a head that does not match.
+Start the worker with TRIAGE_HEAD_PATH=<out> (and TRIAGE_TASK_FILE=<examples-out>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+NAME = "fit"
+HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into a task file"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="labelled JSONL/CSV (text, label), or a named set like banking77:train")
+    p.add_argument("--split", default=None, help="only rows whose 'split' field equals this")
+    p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to the labels")
+    p.add_argument("--out", type=Path, default=None, help="write the fitted head here (.safetensors)")
+    p.add_argument("--method", choices=["logreg", "centroid"], default="logreg")
+    p.add_argument("--pooling", choices=["mean", "last"], default="mean")
+    p.add_argument("--per-label", type=int, default=None, help="fit on a seeded sample of at most N tickets per label")
+    p.add_argument("--examples-out", type=Path, default=None, help="write the configured task + k examples per label here (YAML/JSON)")
+    p.add_argument("--k", type=int, default=2, help="few-shot examples per label for --examples-out")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
+    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
+    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from worker.engine.task import task_from_settings
+    from worker.logs import configure_logging
+    from worker.quality import data
+    from worker.quality.fewshot import pick_examples, write_task_file
+    from worker.settings import Settings
+
+    if args.out is None and args.examples_out is None:
+        print("fit: nothing to do: give --out (a head) and/or --examples-out (a task file)", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
+    settings = Settings(**overrides)
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        rows = data.resolve(args.input, args.label_map, args.split).rows
+        task = _task_for(task_from_settings(settings), rows, settings, args.examples_out is not None)
+    except (data.DataError, ValueError, OSError) as e:
+        print(f"fit: {e}", file=sys.stderr)
+        return 2
+    if args.examples_out:
+        task = task.with_examples(pick_examples(rows, args.k, args.seed, task.labels))
+        write_task_file(task, args.examples_out)
+        print(f"wrote {len(task.examples)} examples ({args.k} per label) to {args.examples_out}  -> TRIAGE_TASK_FILE={args.examples_out}")
+    if args.out:
+        _fit(args, settings, task, rows)
+    return 0
+
+
+def _task_for(task, rows, settings, writing_task: bool):
+    """The configured task; when the data's labels differ from the built-in default, a task over them
+    (only allowed when a task file is written, so the worker can run the very same prompt)."""
+    from worker.engine.task import DEFAULT_LABELS, Task
+    from worker.quality import data
+
+    seen = data.label_order(rows, preferred=list(DEFAULT_LABELS))
+    unknown = sorted(set(seen) - set(task.labels))
+    if not unknown:
+        return task
+    if settings.task_file is None and settings.labels is None and writing_task:
+        return Task(tuple(seen), {lab: DEFAULT_LABELS[lab] for lab in seen if lab in DEFAULT_LABELS}, (), task.instructions)
+    raise ValueError(
+        f"the data has labels the configured task does not know: {unknown[:10]}{' ...' if len(unknown) > 10 else ''} "
+        "(set TRIAGE_LABELS / TRIAGE_TASK_FILE, or add --examples-out FILE to write a task file for these labels)"
+    )
+
+
+def _fit(args, settings, task, rows) -> None:
+    import time
+
+    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.loader import load_model
+    from worker.quality import data
+    from worker.quality.evaluation import make_classifier
+    from worker.quality.features import run_pass
+    from worker.quality.fewshot import pick_examples
+    from worker.quality.head import fit_head, prompt_hash
+
+    if args.per_label:
+        rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
+    device = pick_device(settings.device)
+    dtype = pick_dtype(device, settings.dtype)
+    clf = make_classifier(load_model(settings.model, device, dtype, settings.cache_dir), task, settings)
+    t0 = time.perf_counter()
+    feats = run_pass(clf, clf.prepare_valid([r.text for r in rows]), score=False, desc="fit pass", progress=not args.no_progress)
+    secs = time.perf_counter() - t0
+    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input)}
+    head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,
+                    pooling=args.pooling, meta=meta, seed=args.seed)
+    head.save(args.out)
+    print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets ({secs:.0f} s forward) -> {args.out}")
+    env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
+    print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")

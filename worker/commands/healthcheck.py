@@ -1,0 +1,52 @@
+"""Exit 0 if a worker's heartbeat key is fresh (any worker, --consumer NAME, or --host HOST), else 1.
+
+Meant for container health checks: it only needs Redis (no model, no torch) and
+prints the live heartbeats as JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NAME = "healthcheck"
+HELP = "exit 0 if a worker heartbeat (TRIAGE_HEARTBEAT_KEY_PREFIX + consumer) is fresh, else 1"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--consumer", help="check this consumer only (default: any worker)")
+    p.add_argument("--host", help="only workers running on this host, e.g. --host \"$(hostname)\" in a container health check")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing, just set the exit code")
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+    from pydantic import ValidationError
+
+    from worker.logs import mask_url
+    from worker.settings import Settings
+    from worker.stream.health import fresh_heartbeats
+
+    try:
+        settings = Settings()
+    except ValidationError as e:
+        print(f"triage-worker healthcheck: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        found = list(fresh_heartbeats(client, settings.heartbeat_key_prefix, args.consumer))
+        if args.host:
+            found = [(c, beat) for c, beat in found if beat.get("host") == args.host]
+    except redis.RedisError as e:
+        if not args.quiet:
+            print(f"unhealthy: cannot reach Redis at {mask_url(settings.redis_url)}: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        for consumer, beat in found:
+            print(json.dumps({"consumer": consumer, **beat}))
+        if not found:
+            who = f"consumer {args.consumer!r}" if args.consumer else "any worker"
+            who += f" on host {args.host!r}" if args.host else ""
+            print(f"unhealthy: no fresh heartbeat for {who} under {settings.heartbeat_key_prefix!r}", file=sys.stderr)
+    return 0 if found else 1

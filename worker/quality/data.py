@@ -1,0 +1,124 @@
+"""Labelled data: JSON Lines / CSV files with ``text`` and ``label``, and the public sets we measure on.
+
+A file may carry a ``split`` column (train/test); a label map folds fine labels into
+coarse ones (CLINC150's 150 intents -> its 10 domains, ``oos`` kept as its own label).
+Named sets: ``clinc150-domains:<split>``, ``clinc150:<split>`` and ``banking77:<split>``
+resolve under a data directory (default ``/work/shared/data``, or ``TRIAGE_DATA_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from worker.ticket_files import read_tickets
+
+DEFAULT_DATA_DIR = Path("/work/shared/data")
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Labelled:
+    text: str
+    label: str
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("TRIAGE_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+def load_label_map(path: str | Path) -> dict[str, str]:
+    """``{coarse: [fine, ...]}`` (the shape of CLINC150's domains.json) -> ``{fine: coarse}``."""
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a mapping of coarse label -> list of fine labels")
+    inverse: dict[str, str] = {}
+    for coarse, fines in raw.items():
+        for fine in [fines] if isinstance(fines, str) else fines:
+            if fine in inverse and inverse[fine] != coarse:
+                raise DataError(f"{path}: {fine!r} maps to both {inverse[fine]!r} and {coarse!r}")
+            inverse[str(fine)] = str(coarse)
+    return inverse
+
+
+def load_labelled(
+    path: str | Path,
+    *,
+    label_field: str = "label",
+    label_map: dict[str, str] | None = None,
+    split: str | None = None,
+) -> list[Labelled]:
+    """Rows with non-empty text and a label. Unmapped labels pass through (CLINC's ``oos``)."""
+    rows = read_tickets(path)
+    out = []
+    for n, row in enumerate(rows, 1):
+        if split is not None and str(row.get("split", "")) != split:
+            continue
+        if label_field not in row or row[label_field] in (None, ""):
+            raise DataError(f"{path}: row {n} has no {label_field!r}")
+        label = str(row[label_field])
+        label = label_map.get(label, label) if label_map else label
+        text = str(row["text"])
+        if text.strip():
+            out.append(Labelled(text, label))
+    if not out:
+        raise DataError(f"{path}: no labelled rows" + (f" with split={split!r}" if split else ""))
+    return out
+
+
+@dataclass
+class Source:
+    rows: list[Labelled]
+    description: str
+    label_map_path: Path | None  # the coarse-label map applied, if any (its fine labels describe the coarse ones)
+
+
+def resolve(spec: str, label_map_path: str | Path | None = None, split: str | None = None) -> Source:
+    """A file path, or a named set ``NAME:SPLIT``."""
+    name, _, named_split = spec.partition(":")
+    root = data_dir()
+    if name == "clinc150-domains":
+        label_map_path = root / "clinc150" / "domains.json"
+        path = root / "clinc150" / f"clinc150_{named_split or 'test'}.jsonl"
+    elif name == "clinc150":
+        path = root / "clinc150" / f"clinc150_{named_split or 'test'}.jsonl"
+    elif name == "banking77":
+        path = root / "banking77" / f"banking77_{named_split or 'test'}.jsonl"
+    else:
+        path = Path(spec)
+    if not Path(path).is_file():
+        raise DataError(f"no such file: {path}")
+    label_map = load_label_map(label_map_path) if label_map_path else None
+    rows = load_labelled(path, label_map=label_map, split=split)
+    desc = f"{path}" + (f" split={split}" if split else "") + (f" labels mapped by {label_map_path}" if label_map else "")
+    return Source(rows, desc, Path(label_map_path) if label_map_path else None)
+
+
+def descriptions_from_label_map(path: str | Path, max_items: int = 8) -> dict[str, str]:
+    """``{coarse: "e.g. fine one, fine two, ..."}``: a coarse label described by its fine labels."""
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {"oos": "out of scope: the request fits none of the other categories"} | {
+        str(k): "e.g. " + ", ".join(str(f).replace("_", " ") for f in ([v] if isinstance(v, str) else v)[:max_items])
+        for k, v in raw.items()
+    }
+
+
+def subsample(rows: Sequence[Labelled], n: int | None, seed: int = 0) -> list[Labelled]:
+    """A seeded random sample of ``n`` rows (all rows when ``n`` is None or larger), in file order."""
+    if n is None or n >= len(rows):
+        return list(rows)
+    keep = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[i] for i in keep]
+
+
+def label_order(*row_sets: Sequence[Labelled], preferred: Sequence[str] = ()) -> list[str]:
+    """Labels seen in the data: ``preferred`` ones first (in that order), then the rest sorted."""
+    seen = {r.label for rows in row_sets for r in rows}
+    return [lab for lab in preferred if lab in seen] + sorted(seen - set(preferred))

@@ -1,0 +1,213 @@
+"""Compare scoring methods on one labelled set, sharing forward passes wherever possible.
+
+Per prompt variant (zero-shot, label descriptions, few-shot, the task as configured)
+one bucketed pass over the test tickets gives the label scores, and calibration
+variants (contextual, prior) only change the bias subtracted afterwards. The head
+is fitted on one pass over the training tickets and scored on the pooled states the
+configured task's test pass already produced. So N variants cost N test passes + 1
+train pass, not one per method.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from worker.engine.classifier import Classifier, softmax
+from worker.engine.loader import LoadedModel
+from worker.engine.task import Task
+from worker.quality import calibration as cal
+from worker.quality import metrics
+from worker.quality.data import Labelled
+from worker.quality.features import Pass, run_pass
+from worker.quality.fewshot import pick_examples
+from worker.quality.head import fit_head, prompt_hash
+
+VARIANTS = ("zero-shot", "descriptions", "few-shot", "task", "head")
+THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
+
+
+@dataclass
+class EvalConfig:
+    variants: Sequence[str] = VARIANTS
+    k: int = 2
+    seed: int = 0
+    calibrations: Sequence[str] = ("none", "contextual", "prior")
+    head_methods: Sequence[str] = ("logreg", "centroid")
+    poolings: Sequence[str] = ("mean", "last")
+    max_prompt_labels: int = 30
+    head_shots: Sequence[int] = ()  # learning curve: examples per label to fit the head on
+    curve_repeats: int = 3
+    cache_dir: Path | None = None  # forward-pass results cache (see features.run_pass)
+    progress: bool = True
+    skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
+
+
+def variant_tasks(base: Task, descriptions: dict[str, str], train: Sequence[Labelled] | None, cfg: EvalConfig) -> tuple[dict[str, Task], str]:
+    """The prompt variants to run, de-duplicated by content, and the name of the one equal to ``base``
+    (the configured task: the head is fitted on its pooled states)."""
+    labels, instr = base.labels, base.instructions
+    desc = {lab: d for lab, d in (descriptions | base.descriptions).items() if lab in labels}
+    out: dict[str, Task] = {}
+    if "zero-shot" in cfg.variants:
+        out["zero-shot"] = Task(labels, {}, (), instr)
+    if "descriptions" in cfg.variants:
+        if desc:
+            out["descriptions"] = Task(labels, desc, (), instr)
+        else:
+            cfg.skipped.append("descriptions: no label descriptions (give --task or --label-map)")
+    if "few-shot" in cfg.variants:
+        if train:
+            out["few-shot"] = Task(labels, desc, tuple(pick_examples(train, cfg.k, cfg.seed, labels)), instr)
+        elif base.examples:
+            out["few-shot"] = Task(labels, desc, base.examples, instr)
+        else:
+            cfg.skipped.append("few-shot: no training file and no examples in the task")
+    base_name = next((n for n, t in out.items() if t == base), "task")
+    if base_name == "task":
+        out["task"] = base
+    elif "task" in cfg.variants:
+        cfg.skipped.append(f"task: the configured task is the same prompt as '{base_name}'")
+    return out, base_name
+
+
+def make_classifier(loaded: LoadedModel, task: Task, settings) -> Classifier:
+    """As ``Classifier.from_settings`` but on an already-loaded model, prompt scoring, no threshold, truncation on."""
+    return Classifier(
+        loaded,
+        task,
+        max_input_tokens=settings.max_input_tokens,
+        truncate=True,
+        prefix_cache=settings.prefix_cache,
+        max_batch_items=settings.max_batch_items,
+        max_batch_tokens=settings.max_batch_tokens,
+    )
+
+
+def score_method(name: str, probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], extra: dict) -> dict:
+    pred = [labels[k] for k in probs.argmax(1)]
+    conf = probs.max(1)
+    rep = metrics.evaluate(gold, pred, labels, conf)
+    correct = [p == g for p, g in zip(pred, gold)]
+    return {"name": name, **extra, **rep.to_dict(), "selective": metrics.selective_accuracy(conf, correct, THRESHOLDS)}
+
+
+def evaluate_all(
+    loaded: LoadedModel, settings, base: Task, test: Sequence[Labelled], train: Sequence[Labelled] | None,
+    cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print,
+) -> dict:
+    labels = list(base.labels)
+    gold = [r.label for r in test]
+    texts = [r.text for r in test]
+    tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg)
+    too_many = len(labels) > cfg.max_prompt_labels
+    if too_many:
+        cfg.skipped.append(f"prompt scoring: {len(labels)} labels > --max-prompt-labels {cfg.max_prompt_labels} (head only)")
+    want_head = "head" in cfg.variants
+    if want_head and not train and not base.examples:
+        cfg.skipped.append("head: needs a training file (--train) or examples in the task")
+        want_head = False
+    results, passes, info = [], {}, {"head_prompt": base_name}
+    for name, task in tasks.items():
+        score = not too_many and name in cfg.variants
+        if not score and not (name == base_name and want_head):
+            continue
+        clf = make_classifier(loaded, task, settings)
+        items = clf.prepare_valid(texts)
+        t0 = time.perf_counter()
+        p = run_pass(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
+        secs = time.perf_counter() - t0
+        passes[name] = (clf, p)
+        info[name] = {"prefix_tokens": clf.prefix_length, "examples": len(task.examples), "seconds": round(secs, 1),
+                      "tickets_per_s": round(len(items) / secs, 1), "prompt_hash": prompt_hash(clf)}
+        log(f"{name}: {len(items)} tickets in {secs:.1f} s (prefix {clf.prefix_length} tokens)")
+        if not score:
+            continue
+        for c in cfg.calibrations:
+            bias = _bias(c, clf, p)
+            extra = {"method": "prompt", "variant": name, "calibration": c, "seconds": info[name]["seconds"]}
+            results.append(score_method(name if c == "none" else f"{name} +{c}", softmax(p.log_scores - bias), labels, gold, extra))
+    curve: list[dict] = []
+    if want_head:
+        heads, curve = _heads(loaded, settings, base, passes[base_name], train, labels, gold, cfg, info, log)
+        results += heads
+    best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
+    return {
+        "labels": labels, "n_test": len(test), "n_train": len(train or []), "seed": cfg.seed, "k": cfg.k,
+        "passes": info, "skipped": cfg.skipped, "best": best["name"] if best else None, "methods": results,
+        "learning_curve": curve,
+    }
+
+
+def _bias(kind: str, clf: Classifier, p: Pass) -> np.ndarray:
+    if kind == "none":
+        return np.zeros(p.log_scores.shape[1])
+    if kind == "contextual":
+        return cal.contextual_bias(clf)
+    if kind == "prior":  # from the evaluated tickets' own predictions, labels unused (like a worker's recent traffic)
+        return cal.bias_from_scores(p.log_scores)
+    raise ValueError(f"unknown calibration {kind!r}")
+
+
+def _heads(loaded, settings, base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[dict], list[dict]]:
+    clf, test_pass = task_pass
+    out = []
+    if base.examples:  # what the worker could fit at start-up from the task file alone
+        ex = run_pass(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
+        out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
+    curve: list[dict] = []
+    if train:
+        t0 = time.perf_counter()
+        tr = run_pass(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
+                      cache_dir=cfg.cache_dir)
+        secs = time.perf_counter() - t0
+        info["train"] = {"tickets": len(train), "seconds": round(secs, 1), "tickets_per_s": round(len(train) / secs, 1)}
+        log(f"train pass: {len(train)} tickets in {secs:.1f} s")
+        y = [r.label for r in train]
+        out += _fit_and_score("head", tr, y, test_pass, labels, gold, cfg)
+        curve = learning_curve(tr, y, test_pass, labels, gold, cfg)
+    return out, curve
+
+
+def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+    out = []
+    for pooling in cfg.poolings:
+        for method in cfg.head_methods:
+            t1 = time.perf_counter()
+            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed)
+            fit_s = time.perf_counter() - t1
+            probs = softmax(head.logits(test_pass.pooled(pooling)))
+            extra = {"method": "head", "variant": f"{method}/{pooling}", "calibration": "none", "fit_seconds": round(fit_s, 2),
+                     "head": {k: v for k, v in head.meta.items() if k in ("l2", "temperature", "n_train")}}
+            out.append(score_method(f"{prefix} {method}/{pooling}", probs, labels, gold, extra))
+    return out
+
+
+def learning_curve(tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+    """Head quality when only n training tickets per label exist (seeded resamples of the train pass)."""
+    y_arr = np.array(y)
+    by_label = {lab: np.flatnonzero(y_arr == lab) for lab in labels}
+    most = max(len(v) for v in by_label.values())
+    rows = []
+    for n in cfg.head_shots:
+        repeats = 1 if n >= most else cfg.curve_repeats
+        for pooling in cfg.poolings:
+            for method in cfg.head_methods:
+                acc, f1, ece = [], [], []
+                for rep in range(repeats):
+                    rng = np.random.default_rng(cfg.seed * 1000 + rep)
+                    idx = np.concatenate([rng.permutation(v)[:n] for v in by_label.values() if len(v)])
+                    head = fit_head(tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method=method, pooling=pooling, seed=cfg.seed)
+                    probs = softmax(head.logits(test_pass.pooled(pooling)))
+                    pred = [labels[k] for k in probs.argmax(1)]
+                    rep_ = metrics.evaluate(gold, pred, labels, probs.max(1))
+                    acc.append(rep_.accuracy), f1.append(rep_.macro_f1), ece.append(rep_.ece)
+                rows.append({"per_label": n, "method": method, "pooling": pooling, "repeats": repeats,
+                             "accuracy": round(float(np.mean(acc)), 4), "accuracy_min": round(min(acc), 4),
+                             "accuracy_max": round(max(acc), 4), "macro_f1": round(float(np.mean(f1)), 4),
+                             "ece": round(float(np.mean(ece)), 4)})
+    return rows

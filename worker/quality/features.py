@@ -1,0 +1,132 @@
+"""Pooled hidden states from the engine's own bucketed forward pass, with a progress bar.
+
+``FeatureTap`` wraps the classifier's scorer for the duration of a run: the same
+single forward pass yields the prompt scores *and* the pooled states a head is
+fitted on, so an eval scores the prompt and the head on one pass per ticket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from worker.engine.classifier import Classifier, Prepared
+
+
+class PoolOnly:
+    """A scorer that only asks for the pooled states (no label scoring, no KV cache kept)."""
+
+    needs_cache = False
+    needs_mean = True
+
+    def __init__(self, names: Sequence[str]):
+        self.names = tuple(names)
+
+    def scores(self, model, fwd) -> torch.Tensor:
+        return torch.zeros(fwd.h_last.shape[0], len(self.names))
+
+
+class FeatureTap:
+    """Delegates scoring to ``inner`` and keeps each batch's last-token and mean-pooled states."""
+
+    needs_mean = True
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.names = inner.names
+        self.needs_cache = inner.needs_cache
+        self.last: list[np.ndarray] = []
+        self.mean: list[np.ndarray] = []
+
+    def scores(self, model, fwd) -> torch.Tensor:
+        self.last.append(fwd.h_last.float().cpu().numpy())
+        self.mean.append(fwd.h_mean.float().cpu().numpy())
+        return self.inner.scores(model, fwd)
+
+
+@dataclass
+class Pass:
+    """One run over a list of items, in input order."""
+
+    log_scores: np.ndarray  # [N, J] raw scorer output (before score_bias)
+    last: np.ndarray  # [N, H] hidden state at the last real token (end of the answer cue)
+    mean: np.ndarray  # [N, H] mean over the ticket + answer-cue tokens
+
+    def pooled(self, pooling: str) -> np.ndarray:
+        return self.mean if pooling == "mean" else self.last
+
+
+@contextmanager
+def tapped(clf: Classifier, inner=None) -> Iterator[FeatureTap]:
+    saved = clf.scorer
+    tap = FeatureTap(inner if inner is not None else saved)
+    clf.scorer = tap
+    try:
+        yield tap
+    finally:
+        clf.scorer = saved
+
+
+def _cache_key(clf: Classifier, items: Sequence[Prepared], score: bool) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([clf.model_name, clf.dtype_name, str(clf.device), score, list(clf.labels),
+                         list(clf.template.prefix_ids)]).encode())
+    for p in items:
+        h.update(np.asarray(p.ids, dtype=np.int64).tobytes() + b"|")
+    return h.hexdigest()[:24]
+
+
+def run_pass(
+    clf: Classifier, items: Sequence[Prepared], *, score: bool = True, desc: str = "forward", progress: bool = True,
+    cache_dir: Path | None = None,
+) -> Pass:
+    """Length-bucketed batches exactly as ``clf.classify`` plans them, one ``run_batch`` each.
+
+    ``score=False`` skips label scoring (features only: cheaper with multi-token labels).
+    ``cache_dir`` keeps results as .npz keyed by model, dtype, prompt and token ids, so a
+    re-run with other head or calibration options skips the forward passes.
+    """
+    path = Path(cache_dir) / f"pass-{_cache_key(clf, items, score)}.npz" if cache_dir else None
+    if path is not None and path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            return Pass(log_scores=z["log_scores"], last=z["last"], mean=z["mean"])
+    out = _run(clf, items, score, desc, progress)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, log_scores=out.log_scores, last=out.last, mean=out.mean)
+        tmp.replace(path)
+    return out
+
+
+def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, progress: bool) -> Pass:
+    from tqdm import tqdm
+
+    batches = clf.plan(items)
+    n, j = len(items), len(clf.labels)
+    scores = np.zeros((n, j))
+    last: np.ndarray | None = None
+    mean: np.ndarray | None = None
+    with tapped(clf, None if score else PoolOnly(clf.labels)) as tap, tqdm(
+        total=n, desc=desc, unit="ticket", file=sys.stderr, disable=not progress or None, leave=False
+    ) as bar:
+        for b in batches:
+            idx = list(b.indices)
+            scores[idx] = clf.run_batch([items[i] for i in idx])
+            h_last, h_mean = tap.last.pop(), tap.mean.pop()
+            if last is None:
+                last = np.zeros((n, h_last.shape[1]), dtype=np.float32)
+                mean = np.zeros((n, h_mean.shape[1]), dtype=np.float32)
+            last[idx], mean[idx] = h_last, h_mean
+            bar.update(len(idx))
+    if last is None:
+        raise ValueError("no items to run")
+    return Pass(log_scores=scores, last=last, mean=mean)

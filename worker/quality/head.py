@@ -1,0 +1,231 @@
+"""A trained scorer head: label scores from the ticket's pooled hidden state instead of label tokens.
+
+Same single bucketed forward pass as prompt scoring; only the last step differs.
+Features are standardized (mean/std of the training states: LM hidden states have a
+few huge outlier dimensions), L2-normalized to norm sqrt(H), then scored linearly:
+``logits = W z + b``. Two fits produce that form:
+
+* ``logreg``: multinomial logistic regression, L2 penalty picked by k-fold CV log-loss;
+* ``centroid``: cosine to each class mean, times a temperature fitted by leave-one-out log-loss.
+
+Saved as safetensors (tensors) with JSON metadata in the header: labels, pooling,
+model, prompt hash. No pickle. A head only fits the prompt and model it was trained
+with, so loading checks both (``check``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+FORMAT = "triage-head/1"
+DEFAULT_TEMPERATURE = 20.0  # cosine temperature when no class has two examples to fit it on
+L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+
+
+class HeadMismatch(ValueError):
+    """The head was fitted for another model, prompt or label set."""
+
+
+def prompt_hash(clf) -> str:
+    """Identifies the token ids around every ticket: hidden states depend on them."""
+    blob = json.dumps([list(clf.template.prefix_ids), list(clf.template.tail_ids)]).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass
+class Head:
+    labels: tuple[str, ...]
+    pooling: str  # "mean" | "last"
+    method: str  # "logreg" | "centroid"
+    mean: np.ndarray  # [H]
+    std: np.ndarray  # [H]
+    weight: np.ndarray  # [J, H]
+    bias: np.ndarray  # [J]
+    meta: dict = field(default_factory=dict)  # model, prompt_hash, dtype, n_train, l2, ...
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        z = (np.asarray(x, dtype=np.float64) - self.mean) / self.std
+        return z * (np.sqrt(z.shape[1]) / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12))
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return self.transform(x) @ self.weight.T + self.bias
+
+    def check(self, clf) -> None:
+        """Raise ``HeadMismatch`` unless ``clf`` runs the model, prompt and labels this head was fitted on."""
+        problems = []
+        if set(self.labels) != set(clf.labels):
+            problems.append(f"labels {sorted(self.labels)} != task labels {sorted(clf.labels)}")
+        if self.meta.get("model") != clf.model_name:
+            problems.append(f"model {self.meta.get('model')!r} != {clf.model_name!r}")
+        if self.meta.get("prompt_hash") != prompt_hash(clf):
+            problems.append("the prompt (instructions, label descriptions or few-shot examples) changed since fitting")
+        if self.mean.shape[0] != clf.model.config.hidden_size:
+            problems.append(f"hidden size {self.mean.shape[0]} != {clf.model.config.hidden_size}")
+        if problems:
+            raise HeadMismatch("scorer head does not fit this classifier: " + "; ".join(problems) + " (refit with `triage-worker fit`)")
+
+    def reordered(self, labels: Sequence[str]) -> "Head":
+        idx = [self.labels.index(lab) for lab in labels]
+        return Head(tuple(labels), self.pooling, self.method, self.mean, self.std, self.weight[idx], self.bias[idx], dict(self.meta))
+
+    # ----------------------------------------------------------------- io
+    def save(self, path: str | Path) -> None:
+        from safetensors.numpy import save_file
+
+        meta = dict(self.meta, format=FORMAT, labels=list(self.labels), pooling=self.pooling, method=self.method)
+        tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in
+                   (("mean", self.mean), ("std", self.std), ("weight", self.weight), ("bias", self.bias))}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata={"triage_head": json.dumps(meta)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Head":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as f:
+            raw = (f.metadata() or {}).get("triage_head")
+            if raw is None:
+                raise ValueError(f"{path}: not a triage scorer head (no 'triage_head' metadata)")
+            meta = json.loads(raw)
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"{path}: unsupported head format {meta.get('format')!r} (want {FORMAT})")
+            t = {k: f.get_tensor(k).astype(np.float64) for k in ("mean", "std", "weight", "bias")}
+        labels = tuple(meta.pop("labels"))
+        return cls(labels, meta.pop("pooling"), meta.pop("method"), t["mean"], t["std"], t["weight"], t["bias"], meta)
+
+
+# ---------------------------------------------------------------------- fitting
+def fit_head(
+    x: np.ndarray, y: Sequence[str], labels: Sequence[str], *, method: str = "logreg", pooling: str = "mean",
+    l2: float | None = None, meta: dict | None = None, seed: int = 0,
+) -> Head:
+    """Fit on pooled states ``x`` [N, H] with string labels ``y``; every label needs >= 1 example."""
+    labels = tuple(labels)
+    index = {lab: j for j, lab in enumerate(labels)}
+    missing = [lab for lab in labels if lab not in set(y)]
+    if missing:
+        raise ValueError(f"no training examples for labels {missing}")
+    yi = np.array([index[v] for v in y])
+    x = np.asarray(x, dtype=np.float64)
+    mu = x.mean(0)
+    sd = x.std(0) + 1e-6 * (x.std(0).max() + 1e-12) + 1e-12
+    head = Head(labels, pooling, method, mu, sd, np.zeros((len(labels), x.shape[1])), np.zeros(len(labels)), dict(meta or {}))
+    z = head.transform(x)
+    if method == "centroid":
+        head.weight, scale = _fit_centroid(z, yi, len(labels))
+        head.meta["temperature"] = round(float(scale), 4)
+    elif method == "logreg":
+        if l2 is None:
+            l2 = _pick_l2(z, yi, len(labels), seed)
+        head.weight, head.bias = _fit_logreg(z, yi, len(labels), l2)
+        head.meta["l2"] = l2
+    else:
+        raise ValueError(f"unknown head method {method!r} (logreg or centroid)")
+    head.meta.update(n_train=int(len(yi)), per_label={lab: int((yi == j).sum()) for lab, j in index.items()})
+    return head
+
+
+def _unit(a: np.ndarray) -> np.ndarray:
+    return a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
+
+
+def _fit_centroid(z: np.ndarray, y: np.ndarray, j: int) -> tuple[np.ndarray, float]:
+    """Unit class means, and the cosine temperature minimising leave-one-out log-loss."""
+    zu = _unit(z)
+    sums = np.stack([zu[y == k].sum(0) for k in range(j)])
+    counts = np.bincount(y, minlength=j)
+    cos = zu @ _unit(sums).T  # [N, J]
+    own = sums[y] - zu  # leave-one-out sum of each item's own class
+    loo = np.einsum("nh,nh->n", zu, _unit(own))
+    ok = counts[y] > 1  # leave-one-out needs a second example of the item's class
+    cos_loo = cos[ok].copy()
+    cos_loo[np.arange(ok.sum()), y[ok]] = loo[ok]
+    best, best_s = np.inf, DEFAULT_TEMPERATURE
+    for s in np.geomspace(1.0, 200.0, 40) if ok.any() else ():
+        nll = -_log_softmax(s * cos_loo)[np.arange(ok.sum()), y[ok]].mean()
+        if nll < best:
+            best, best_s = nll, s
+    dim = z.shape[1]
+    return best_s * _unit(sums) / np.sqrt(dim), best_s
+
+
+def _log_softmax(a: np.ndarray) -> np.ndarray:
+    a = a - a.max(axis=1, keepdims=True)
+    return a - np.log(np.exp(a).sum(axis=1, keepdims=True))
+
+
+def _fit_logreg(z: np.ndarray, y: np.ndarray, j: int, l2: float, iters: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """Mean cross-entropy + l2/2 * ||W||^2 (bias unpenalised), full-batch L-BFGS in float64 (deterministic)."""
+    x = torch.from_numpy(z)
+    t = torch.from_numpy(y).long()
+    w = torch.zeros(j, z.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(j, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=iters, tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe")
+    scale = 1.0 / z.shape[1]  # features have norm sqrt(H): keep logits O(1) at the start
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w.T * scale + b, t) + 0.5 * l2 * (w * scale).pow(2).sum() * z.shape[1]
+        loss.backward()
+        return loss
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a thread pool costs ~50x here on a busy CPU (measured)
+    try:
+        with torch.enable_grad():
+            opt.step(closure)
+    finally:
+        torch.set_num_threads(threads)
+    return (w.detach() * scale).numpy(), b.detach().numpy()
+
+
+def _pick_l2(z: np.ndarray, y: np.ndarray, j: int, seed: int, folds: int = 3) -> float:
+    """k-fold CV log-loss over ``L2_GRID``; a middle value when some label has fewer than ``folds`` examples."""
+    counts = np.bincount(y, minlength=j)
+    if counts.min() < folds:
+        return 1e-2
+    rng = np.random.default_rng(seed)
+    fold = np.zeros(len(y), dtype=int)
+    for k in range(j):  # stratified: each label spread over the folds
+        idx = np.flatnonzero(y == k)
+        fold[rng.permutation(idx)] = np.arange(len(idx)) % folds
+    best, best_l2 = np.inf, 1e-2
+    for l2 in L2_GRID:
+        loss = 0.0
+        for f in range(folds):
+            tr, te = fold != f, fold == f
+            w, b = _fit_logreg(z[tr], y[tr], j, l2, iters=100)
+            loss -= _log_softmax(z[te] @ w.T + b)[np.arange(te.sum()), y[te]].sum()
+        if loss < best:
+            best, best_l2 = loss, l2
+    return best_l2
+
+
+# ---------------------------------------------------------------------- scoring
+class HeadScorer:
+    """The engine's ``Scorer`` protocol over a fitted head (no label tokens, no KV cache kept)."""
+
+    needs_cache = False
+
+    def __init__(self, head: Head, device: torch.device | str = "cpu"):
+        self.head = head
+        self.names = head.labels
+        self.needs_mean = head.pooling == "mean"
+        dim = head.mean.shape[0]
+        f32 = lambda a: torch.tensor(a, dtype=torch.float32, device=device)  # noqa: E731
+        self._mu, self._sd = f32(head.mean), f32(head.std)
+        self._w, self._b, self._norm = f32(head.weight), f32(head.bias), float(np.sqrt(dim))
+
+    @torch.inference_mode()
+    def scores(self, model, fwd) -> torch.Tensor:
+        x = (fwd.h_mean if self.needs_mean else fwd.h_last).float().to(self._mu.device)
+        z = (x - self._mu) / self._sd
+        z = z * (self._norm / z.norm(dim=1, keepdim=True).clamp(min=1e-12))
+        return torch.log_softmax(z @ self._w.T + self._b, dim=-1)

@@ -1,0 +1,91 @@
+"""Filling a batch: after RQ hands the worker one job, take up to N-1 more queued jobs.
+
+Why not RQ's ``Queue.dequeue_any`` in a loop: that is two round trips per job.
+Here one pipeline moves up to N job ids (the same LMOVE into the queue's
+intermediate list RQ itself uses, or LPOP with several queues) and one more
+fetches all their hashes. Waiting for a batch to fill polls briefly instead of
+blocking in Redis, so a warm-shutdown request stops the intake at once and no
+blocked pop can take a job after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from rq.job import Job
+from rq.queue import Queue
+
+if TYPE_CHECKING:
+    from rq.worker import BaseWorker
+
+POLL_S = 0.005
+log = logging.getLogger("triage.rq")
+
+
+def uses_intermediate_queue(worker: "BaseWorker") -> bool:
+    """RQ's own rule (Queue.dequeue_any): one queue on Redis >= 6.2 dequeues through an intermediate list."""
+    return len(worker.queues) == 1 and worker.get_redis_server_version() >= (6, 2, 0)
+
+
+def drain(worker: "BaseWorker", limit: int) -> list[tuple[Job, Queue]]:
+    """Up to ``limit`` queued jobs, queues in the worker's priority order; never blocks."""
+    out: list[tuple[Job, Queue]] = []
+    conn = worker.connection
+    via_intermediate = uses_intermediate_queue(worker)
+    for queue in list(worker._ordered_queues):
+        need = limit - len(out)
+        if need <= 0:
+            break
+        if via_intermediate:
+            with conn.pipeline(transaction=False) as pipe:
+                for _ in range(need):
+                    pipe.lmove(queue.key, queue.intermediate_queue_key)
+                ids = [i for i in pipe.execute() if i is not None]
+        else:
+            ids = conn.lpop(queue.key, need) or []
+        out.extend((job, queue) for job in fetch_jobs(worker, [i.decode() if isinstance(i, bytes) else i for i in ids]))
+    return out
+
+
+def fetch_jobs(worker: "BaseWorker", job_ids: list[str]) -> list[Job]:
+    """The jobs behind ``job_ids`` in one round trip; gone or unreadable ones are skipped (as RQ does)."""
+    if not job_ids:
+        return []
+    with worker.connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hgetall(worker.job_class.key_for(job_id))
+        raws = pipe.execute()
+    jobs = []
+    for job_id, raw in zip(job_ids, raws):
+        if not raw:
+            continue  # deleted after it was queued
+        job = worker.job_class(job_id, connection=worker.connection, serializer=worker.serializer)
+        try:
+            job.restore(raw)
+        except Exception as e:  # a corrupt hash must not take the batch down
+            log.error("rq job %s is unreadable and was skipped: %s", job_id, e)
+            continue
+        jobs.append(job)
+    return jobs
+
+
+def fill(worker: "BaseWorker", batch: list[tuple[Job, Queue]], limit: int, max_wait_s: float) -> None:
+    """Grow ``batch`` to ``limit`` jobs, waiting at most ``max_wait_s`` for more to arrive.
+
+    Stops at once when a warm shutdown was requested: the batch in hand is then finished as is.
+    """
+    deadline = time.monotonic() + max_wait_s
+    want = limit
+    while len(batch) < limit and not worker._stop_requested:
+        got = drain(worker, min(want, limit - len(batch)))
+        if got:
+            batch.extend(got)
+            want = limit  # jobs are arriving: take all there are
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, POLL_S))
+        want = 1  # the queue was empty: poll it with a single pop

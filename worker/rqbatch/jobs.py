@@ -1,0 +1,87 @@
+"""What the batch worker accepts from an RQ job, decided before anything of the job runs.
+
+A batch worker only runs ``worker.rq_jobs.classify``. Every name in a job that RQ
+would import and call (the function, on_success/on_failure/on_stopped callbacks) is
+checked as a plain string first, so a job can never make this process import or
+run anything else. The payload itself is only ever read with JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from rq.exceptions import DeserializationError
+from rq.job import Job
+from rq.queue import Queue
+
+from worker.rq_jobs import CLASSIFY_PATH, InvalidJob, ticket_text
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+# RQ keeps the callback names as strings on the job and imports them on first
+# access of job.success_callback etc.; reading the strings imports nothing.
+_CALLBACK_ATTRS = {"on_success": "_success_callback_name", "on_failure": "_failure_callback_name", "on_stopped": "_stopped_callback_name"}
+
+
+@dataclass(eq=False)  # entries are compared by identity
+class Entry:
+    """One RQ job of a batch and what happened to it."""
+
+    job: Job
+    queue: Queue
+    execution: Any = None  # rq.executions.Execution once started
+    text: str | None = None
+    item: Any = None  # engine Prepared
+    result: dict | None = None  # the job's return value
+    pred: Any = None  # engine Prediction, for the results stream
+    error: ExcInfo | None = None
+    callbacks_ok: bool = False  # only then may its success/failure callback run
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = (type(exc), exc, exc.__traceback__)
+
+
+def parse_allowed(spec: str | None) -> frozenset[str]:
+    """``TRIAGE_RQ_ALLOWED_CALLBACKS`` ("a.b.f, c.d.g") as a set of dotted paths."""
+    return frozenset(x.strip() for x in (spec or "").split(",") if x.strip())
+
+
+def callback_names(job: Job) -> dict[str, str]:
+    """The job's callback paths by kind ("on_failure": "pkg.mod.func"), without importing them."""
+    names = {kind: getattr(job, attr) for kind, attr in _CALLBACK_ATTRS.items()}  # no default: fail closed
+    return {kind: name for kind, name in names.items() if isinstance(name, str) and name}
+
+
+def check_job(entry: Entry, max_text_bytes: int, allowed_callbacks: frozenset[str]) -> None:
+    """Fill ``entry.text`` or ``entry.error``; decide whether its callbacks may run."""
+    job = entry.job
+    try:
+        try:
+            func = job.func_name
+            instance, args, kwargs = job.instance, job.args, job.kwargs
+        except DeserializationError:
+            raise InvalidJob(
+                "job payload is not JSON: enqueue with serializer=rq.serializers.JSONSerializer (pickle payloads are never loaded)"
+            ) from None
+        if func != CLASSIFY_PATH:
+            raise InvalidJob(f"the triage batch worker only runs {CLASSIFY_PATH}; refused to run {func!r}")
+        if instance is not None:
+            raise InvalidJob(f"{CLASSIFY_PATH} is a plain function, not a method of an instance")
+        refused = sorted(f"{kind}={name}" for kind, name in callback_names(job).items() if name not in allowed_callbacks)
+        if refused:
+            raise InvalidJob(f"callback(s) not allowed: {', '.join(refused)} (list them in TRIAGE_RQ_ALLOWED_CALLBACKS to allow)")
+        entry.callbacks_ok = True
+        entry.text = ticket_text(args, kwargs, max_text_bytes)
+    except InvalidJob as e:
+        entry.fail(e)
+
+
+def batch_timeout_s(jobs: list[Job], default_s: int) -> int:
+    """One timeout for a whole batch: its jobs' timeouts added up, the time RQ would give them one
+    after another (-1, no limit, if one job has none). Over it, every job of the batch fails."""
+    timeouts = [int(job.timeout or default_s) for job in jobs]
+    if any(t == -1 for t in timeouts):
+        return -1
+    return sum(timeouts)

@@ -1,0 +1,147 @@
+"""Recording a batch in RQ's own terms, so registries, results, retries and dashboards keep working.
+
+Each step mirrors what RQ's ``BaseWorker`` does for one job, using RQ's own
+building blocks (Execution, Job, Result, the worker's handle_* methods):
+
+* start: ``prepare_execution`` + ``prepare_job_execution`` for every job, one pipeline
+  (Execution + StartedJobRegistry, status STARTED, out of the intermediate queue);
+* callbacks: as in RQ's ``_finalize_success`` / ``_finalize_failure``, before anything is recorded;
+* success: ``handle_job_success`` minus dependents/repeats, for all plain jobs in ONE
+  MULTI/EXEC that also mirrors each label to the triage results stream. Jobs with
+  dependents (WATCHed, so one added meanwhile is seen), repeats or rate limits go
+  through RQ's own ``handle_job_success`` one by one;
+* failure: exception handlers, then ``handle_job_failure`` (Retry honoured,
+  FailedJobRegistry, failed Result).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import redis
+from rq.callbacks import execute_failure_callback, execute_success_callback
+from rq.executions import Execution
+from rq.job import JobStatus
+from rq.job_lifecycle import format_exc_info
+from rq.utils import now
+from rq.worker import WorkerStatus
+
+from worker.rq_jobs import latency_ms
+from worker.rqbatch.intake import uses_intermediate_queue
+from worker.rqbatch.jobs import Entry
+from worker.stream.records import result_fields
+
+if TYPE_CHECKING:
+    from rq.worker import BaseWorker
+
+
+def start(worker: "BaseWorker", entries: list[Entry], ttl: int) -> None:
+    """Mark every job STARTED with its own Execution, as RQ does right before running a job."""
+    drop_intermediate = uses_intermediate_queue(worker)
+    with worker.connection.pipeline() as pipe:
+        worker.heartbeat(max(ttl, worker.worker_ttl + 60), pipeline=pipe)
+        for e in entries:
+            e.execution = Execution.create(e.job, ttl, pipeline=pipe, worker_name=worker.name)
+            worker.executions[e.execution.id] = e.execution
+            e.job.heartbeat(now(), ttl, pipeline=pipe)
+            e.job.prepare_for_execution(worker.name, pipeline=pipe)
+            pipe.persist(e.job.key)
+            if drop_intermediate:
+                pipe.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
+        worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
+        pipe.execute()
+
+
+def run_callbacks(worker: "BaseWorker", entries: list[Entry]) -> None:
+    """Success callbacks (a raising one fails its job, as in RQ), then failure callbacks of failed jobs
+    (a raising one replaces the job's error, as in RQ). Only callbacks allowed by check_job run."""
+    for e in entries:
+        if e.error is None and e.callbacks_ok and e.job.success_callback is not None:
+            try:
+                execute_success_callback(e.job, worker.death_penalty_class, e.result)
+            except Exception:
+                e.error = sys.exc_info()  # type: ignore[assignment]
+    for e in entries:
+        if e.error is not None and e.callbacks_ok and e.job.failure_callback is not None:
+            try:
+                execute_failure_callback(e.job, worker.death_penalty_class, *e.error)
+            except Exception:
+                e.error = sys.exc_info()  # type: ignore[assignment]
+
+
+def succeed(worker: "BaseWorker", entries: list[Entry], results_stream: str, results_maxlen: int, model: str) -> None:
+    """Record the successful jobs (see module doc) and mirror each label to the results stream."""
+    for e in entries:
+        e.job._result = e.result
+        e.job._status = JobStatus.FINISHED
+    plain: list[Entry] = []
+    slow: list[Entry] = []
+    for e in entries:
+        (slow if e.job.has_rate_limit or e.job.repeats_left else plain).append(e)
+    if plain:
+        conn = worker.connection
+        try:
+            with conn.pipeline() as tx:
+                tx.watch(*[e.job.dependents_key for e in plain])
+                with conn.pipeline(transaction=False) as check:  # after WATCH: a dependent added later aborts EXEC
+                    for e in plain:
+                        check.exists(e.job.dependents_key)
+                    has_dependents = check.execute()
+                slow += [e for e, dep in zip(plain, has_dependents) if dep]
+                plain = [e for e, dep in zip(plain, has_dependents) if not dep]
+                tx.multi()
+                for e in plain:
+                    _record_success(worker, e, tx)
+                    _mirror(worker, e, tx, results_stream, results_maxlen, model)
+                if plain:
+                    tx.execute()
+        except redis.WatchError:
+            slow += plain
+            plain = []
+    for e in slow:
+        worker.handle_job_success(job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution)
+        with worker.connection.pipeline() as pipe:
+            _mirror(worker, e, pipe, results_stream, results_maxlen, model)
+            pipe.execute()
+    for e in entries:
+        e.job.send_webhooks(JobStatus.FINISHED)
+
+
+def _record_success(worker: "BaseWorker", e: Entry, pipe) -> None:
+    """BaseWorker.handle_job_success for a job without dependents, repeats or rate limit, into ``pipe``."""
+    job = e.job
+    worker.increment_successful_job_count(pipeline=pipe)
+    worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
+    result_ttl = job.get_result_ttl(worker.default_result_ttl)
+    if result_ttl != 0:
+        job._handle_success(
+            result_ttl,
+            pipeline=pipe,
+            worker_name=worker.name,
+            execution_id=e.execution.id,
+            execution_started_at=e.execution.created_at,
+            execution_ended_at=job.ended_at,
+        )
+    job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+    worker.cleanup_execution(job, pipeline=pipe, execution=e.execution)
+
+
+def _mirror(worker: "BaseWorker", e: Entry, pipe, stream: str, maxlen: int, model: str) -> None:
+    fields = result_fields(e.job.id, e.pred, latency_ms=latency_ms(e.job), model=model, worker=worker.name)
+    pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
+
+
+def fail(worker: "BaseWorker", e: Entry) -> None:
+    """RQ's failure path for one job (its failure callback already ran): exception handlers, handle_job_failure."""
+    job, exc_info = e.job, e.error
+    assert exc_info is not None
+    job._status = JobStatus.FAILED
+    worker.handle_exception(job, *exc_info)
+    worker.handle_job_failure(
+        job=job,
+        queue=e.queue,
+        started_job_registry=e.queue.started_job_registry,
+        exc_string=format_exc_info(exc_info),
+        execution=e.execution,
+    )

@@ -1,0 +1,190 @@
+"""``BatchWorker``: an RQ worker class that runs triage classify jobs N at a time, in-process.
+
+``rq worker --worker-class worker.rqbatch.BatchWorker QUEUE`` keeps everything RQ
+does around a job (registration, heartbeats, maintenance, suspension, signals,
+--burst, the scheduler), and replaces the one-job-per-fork execution: when RQ hands
+over a job, the worker takes up to TRIAGE_MAX_BATCH_ITEMS - 1 more (waiting up to
+TRIAGE_MAX_WAIT_MS), classifies them with the shared engine (length buckets +
+prefix cache) and records each job's own result or failure through RQ.
+
+No fork per job: the model is loaded once, in this process (CUDA does not survive
+fork). Payloads are read with JSON only, whatever --serializer says, and only
+``worker.rq_jobs.classify`` runs (see jobs.py).
+
+Warm shutdown (SIGTERM/SIGINT): RQ's own handler sees the worker BUSY while a batch
+is in hand, so it only sets the stop flag: intake stops, the batch finishes, the
+process exits 0 and queued jobs stay queued. A second signal (after 1 s) is RQ's
+cold shutdown: the batch is dropped and RQ's registry cleanup deals with it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rq.job import Job
+from rq.job_lifecycle import call_exception_handlers
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
+from rq.utils import ensure_job_list, now
+from rq.worker import BaseWorker, WorkerStatus
+
+from worker.rqbatch import intake, outcome
+from worker.rqbatch.heartbeat import BatchHeartbeat
+from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
+
+_RQ_HANDLER_LOGGERS = ("rq.worker", "rq.job", "rq.queue")
+
+
+class BatchWorker(BaseWorker):
+    """RQ worker for triage classify jobs: batches them through one engine loaded in this process."""
+
+    def __init__(self, queues, *args, serializer=None, log_job_description: bool = True, **kwargs):
+        # JSON, always: a pickle payload could run code while being read.
+        self.requested_serializer = serializer
+        names = [q.name if isinstance(q, Queue) else q for q in ensure_job_list(queues)]
+        # Job descriptions carry the ticket text; it stays out of the logs.
+        super().__init__(names, *args, serializer=JSONSerializer, log_job_description=False, **kwargs)
+        self.settings = None
+        self.clf = None
+        self.tlog = None
+        self.allowed_callbacks: frozenset[str] = frozenset()
+        self._jobs_left: int | None = None
+
+    # ------------------------------------------------------------ start-up
+    def work(self, *args, **kwargs) -> bool:
+        # --max-jobs counts jobs, not batches: keep RQ's loop from counting batches.
+        self._jobs_left = kwargs.pop("max_jobs", None)
+        return super().work(*args, **kwargs)
+
+    def bootstrap(self, logging_level=None, date_format=None, log_format=None, **kwargs):
+        from worker.engine.classifier import Classifier
+        from worker.logs import configure_logging, get_logger
+        from worker.settings import Settings
+
+        self.settings = Settings()
+        configure_logging(self.settings.log_format, logging_level or self.settings.log_level)
+        _route_rq_logs_to_root()
+        self.tlog = get_logger("triage.rq", worker=self.name)
+        if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
+            self.tlog.warning("rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer")
+        self.allowed_callbacks = parse_allowed(self.settings.rq_allowed_callbacks)
+        t0 = time.perf_counter()
+        self.clf = Classifier.from_settings(self.settings)
+        self.tlog.info(
+            "rq_worker_ready",
+            model=self.clf.model_name,
+            device=str(self.clf.device),
+            dtype=self.clf.dtype_name,
+            load_s=round(time.perf_counter() - t0, 2),
+            queues=self.queue_names(),
+            max_batch_items=self.settings.max_batch_items,
+            max_wait_ms=self.settings.max_wait_ms,
+        )
+        kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
+        super().bootstrap(logging_level, **kwargs)
+
+    # -------------------------------------------------------------- a batch
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ hands over one job; run it together with whatever else is queued."""
+        self.set_state(WorkerStatus.BUSY)  # from here a SIGTERM means: finish this batch, then stop
+        t0 = time.perf_counter()
+        limit = self.settings.max_batch_items
+        if self._jobs_left is not None:
+            limit = max(1, min(limit, self._jobs_left))
+        batch = [(job, queue)]
+        intake.fill(self, batch, limit, self.settings.max_wait_ms / 1000)
+        fill_ms = (time.perf_counter() - t0) * 1000
+        self.run_batch([Entry(job=j, queue=q) for j, q in batch], fill_ms=fill_ms)
+        self._stopped_job_id = None  # a stop-job command cannot cut one job out of a forward pass; it is void now
+        self.set_state(WorkerStatus.IDLE)
+        if self._jobs_left is not None:
+            self._jobs_left -= len(batch)
+            if self._jobs_left <= 0:
+                self.log.info("Worker %s: finished executing the maximum number of jobs, quitting", self.name)
+                self._stop_requested = True
+
+    def run_batch(self, entries: list[Entry], fill_ms: float = 0.0) -> None:
+        """Check, start, classify and record one batch of jobs; one log line."""
+        t0 = time.perf_counter()
+        for e in entries:  # before anything is recorded: pure checks, nothing of the job runs
+            check_job(e, self.settings.max_text_bytes, self.allowed_callbacks)
+        outcome.start(self, entries, self.get_heartbeat_ttl(entries[0].job))
+        with BatchHeartbeat(self, entries):  # until every callback has run; recording is quick
+            stats = self._classify(entries)
+            ended = now()
+            for e in entries:
+                e.job.ended_at = ended
+            outcome.run_callbacks(self, entries)
+        ok = [e for e in entries if e.error is None]
+        failed = [e for e in entries if e.error is not None]
+        outcome.succeed(self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name)
+        for e in failed:
+            outcome.fail(self, e)
+        self.tlog.info(
+            "rq_batch",
+            jobs=len(entries),
+            finished=len(ok),
+            failed=len(failed),
+            forward_passes=stats.batches if stats else 0,
+            batch_sizes=stats.batch_sizes if stats else [],
+            padding_pct=round(stats.padding_pct, 1) if stats else 0.0,
+            prefix_tokens_reused=stats.prefix_tokens_reused if stats else 0,
+            infer_ms=round(stats.infer_ms, 1) if stats else 0.0,
+            fill_ms=round(fill_ms, 1),
+            total_ms=round(fill_ms + (time.perf_counter() - t0) * 1000, 1),
+            queues=sorted({e.queue.name for e in entries}),
+        )
+
+    def _classify(self, entries: list[Entry]):
+        """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error."""
+        from worker.engine.classifier import InvalidTicket
+        from worker.rq_jobs import job_result
+
+        valid = [e for e in entries if e.error is None]
+        timeout_s = batch_timeout_s([e.job for e in valid], self.queue_class.DEFAULT_TIMEOUT)
+        stats = None
+        try:
+            for e, item in zip(valid, self.clf.prepare([e.text for e in valid])):
+                if isinstance(item, InvalidTicket):
+                    e.fail(item)
+                else:
+                    e.item = item
+            ready = [e for e in valid if e.error is None]
+            if ready:
+                with self.death_penalty_class(timeout_s, JobTimeoutException, job_id=ready[0].job.id):
+                    preds, stats = self.clf.classify([e.item for e in ready])
+                for e, pred in zip(ready, preds):
+                    e.pred, e.result = pred, job_result(pred, self.clf.model_name)
+        except Exception as exc:  # the engine failed the whole batch (timeout, OOM, ...): each job fails with it
+            for e in valid:
+                if e.error is None:
+                    e.fail(exc)
+        return stats
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        """Executions live job_monitoring_interval + 60 s between heartbeats (BatchHeartbeat keeps them alive)."""
+        return int(self.job_monitoring_interval) + 60
+
+    # ------------------------------------------------------------- errors
+    def handle_exception(self, job: Job, *exc_info) -> None:
+        """RQ's exception-handler chain, logged without the job's arguments (they hold ticket text)."""
+        exc = exc_info[1]
+        self.log.error(
+            "Worker %s: job %s failed: %s: %s", self.name, job.id, type(exc).__name__, exc, extra={"queue": job.origin, "job_id": job.id}
+        )
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
+
+
+def _route_rq_logs_to_root() -> None:
+    """RQ's CLI gives its loggers their own plain-text handlers; send them through triage's one chain instead."""
+    from rq.logutils import ColorizingStreamHandler
+
+    for name in _RQ_HANDLER_LOGGERS:
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if isinstance(h, ColorizingStreamHandler):
+                lg.removeHandler(h)
+        if not lg.handlers:
+            lg.propagate = True

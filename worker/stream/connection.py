@@ -1,0 +1,88 @@
+"""Redis client construction and the reconnect policy (capped exponential backoff).
+
+redis-py's own silent retries are switched off: a MULTI/EXEC replayed blindly
+after a lost reply could write a batch twice. The worker retries itself and
+knows what it is retrying (see ``loop.py``: a write is retried only for the
+entries that are still pending).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Callable
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+
+# Errors that mean "Redis is (temporarily) unreachable", not "the request is wrong".
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    ConnectionResetError,
+    BrokenPipeError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    # during a failover/restart Redis answers these before it is ready
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN"))
+
+
+def connect(url: str, *, socket_timeout_s: float = 15.0) -> redis.Redis:
+    """A client that hands back raw bytes (the worker decodes and validates itself)."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=False,
+        socket_timeout=socket_timeout_s,  # > the longest BLOCK the worker uses
+        socket_connect_timeout=5.0,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 0),
+        client_name="triage-worker",
+    )
+
+
+def backoff_s(attempt: int, *, base_s: float = 0.1, max_s: float = 10.0, jitter: float = 0.0) -> float:
+    """Delay before retry number ``attempt`` (1-based): base * 2**(attempt-1), capped at ``max_s``.
+
+    ``jitter`` in [0, 1) shaves up to that fraction off, so many workers that lost
+    Redis together do not reconnect in lockstep. Pure, so the schedule is testable.
+    """
+    if attempt < 1:
+        return 0.0
+    delay = min(max_s, base_s * (2 ** min(attempt - 1, 62)))
+    return delay * (1.0 - min(max(jitter, 0.0), 0.999))
+
+
+class Backoff:
+    """Counts consecutive failures of one operation and sleeps the schedule; ``reset`` on success."""
+
+    def __init__(self, max_s: float, *, base_s: float = 0.1, sleep: Callable[[float], object] | None = None):
+        self.max_s = max_s
+        self.base_s = base_s
+        self.attempt = 0
+        self._sleep = sleep
+
+    def failed(self, stop: threading.Event | None = None) -> float:
+        """Record a failure, sleep the next delay (waking early if ``stop`` is set); returns the delay."""
+        self.attempt += 1
+        delay = backoff_s(self.attempt, base_s=self.base_s, max_s=self.max_s, jitter=random.random() * 0.2)
+        if self._sleep is not None:
+            self._sleep(delay)
+        elif stop is not None:
+            stop.wait(delay)
+        else:
+            threading.Event().wait(delay)
+        return delay
+
+    def reset(self) -> int:
+        """Back to the first delay; returns how many failures there were."""
+        n, self.attempt = self.attempt, 0
+        return n
+

@@ -1,0 +1,154 @@
+"""Raw stream entry -> ``Ticket`` or ``Rejected`` (a sentence saying why). Pure: no Redis.
+
+Entries arrive as undecoded bytes (the client reads with ``decode_responses=False``)
+so that one producer's bad bytes become one dead letter with a readable reason
+instead of an exception that stops the worker. Never raises on any input.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+KNOWN_FIELDS = ("text", "id", "subject", "meta")
+MAX_ID_BYTES = 256  # the id becomes part of a Redis key name
+
+
+@dataclass(frozen=True)
+class Ticket:
+    stream_id: str
+    ticket_id: str
+    text: str  # subject (if any) + blank line + text: what the model reads
+    meta: str | None  # the producer's JSON, echoed back byte for byte (decoded)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    stream_id: str
+    ticket_id: str | None
+    reason: str
+
+
+def as_text(value: Any) -> str:
+    """Stream ids and field names from redis-py (bytes or str) as ``str``."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return str(value)
+
+
+def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_bytes: int) -> Ticket | Rejected:
+    """Validate one entry's flat fields. Unknown fields are ignored (they stay in the dead-letter payload)."""
+    sid = as_text(stream_id)
+    if not fields:
+        return Rejected(sid, None, "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)")
+    named: dict[str, Any] = {}
+    for k, v in fields.items():
+        name = k.decode("utf-8", errors="replace") if isinstance(k, bytes) else k if isinstance(k, str) else None
+        if name in KNOWN_FIELDS:
+            named[name] = v
+
+    ticket_id: str | None = sid
+    if "id" in named:
+        got = _decode(named["id"], "id")
+        if isinstance(got, Rejected):
+            return Rejected(sid, None, got.reason)
+        ticket_id = got
+        why = _bad_id(ticket_id)
+        if why:
+            return Rejected(sid, None, why)
+
+    if "text" not in named:
+        return Rejected(sid, ticket_id, "the entry has no 'text' field; every ticket needs one (XADD <stream> * text \"...\")")
+    text_size = _size(named["text"])
+    subject_size = _size(named.get("subject", b""))
+    if text_size + subject_size > max_text_bytes:
+        what = "text" if "subject" not in named else "subject + text"
+        return Rejected(
+            sid, ticket_id, f"{what} is {text_size + subject_size} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)"
+        )
+    text = _decode(named["text"], "text")
+    if isinstance(text, Rejected):
+        return Rejected(sid, ticket_id, text.reason)
+    if not text.strip():
+        return Rejected(sid, ticket_id, "text is empty (or only whitespace); there is nothing to classify")
+
+    if "subject" in named:
+        subject = _decode(named["subject"], "subject")
+        if isinstance(subject, Rejected):
+            return Rejected(sid, ticket_id, subject.reason)
+        if subject.strip():
+            text = f"{subject.strip()}\n\n{text}"
+
+    meta: str | None = None
+    if "meta" in named:
+        if _size(named["meta"]) > max_text_bytes:
+            return Rejected(sid, ticket_id, f"meta is {_size(named['meta'])} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)")
+        got = _decode(named["meta"], "meta")
+        if isinstance(got, Rejected):
+            return Rejected(sid, ticket_id, got.reason)
+        why = _bad_meta(got)
+        if why:
+            return Rejected(sid, ticket_id, why)
+        meta = got
+    return Ticket(sid, ticket_id or sid, text, meta)
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, (bytes, bytearray)):
+        return len(v)
+    if isinstance(v, str):
+        return len(v.encode("utf-8", errors="surrogatepass"))
+    return len(str(v))
+
+
+def _decode(v: Any, name: str) -> str | Rejected:
+    """Strict UTF-8: a producer sending Latin-1 or binary gets told so, with the offending byte."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return Rejected("", None, f"{name} contains characters that are not valid Unicode (lone surrogates)")
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad = bytes(v)[e.start : e.start + 1].hex()
+            return Rejected("", None, f"{name} is not valid UTF-8 (byte 0x{bad} at position {e.start}); send UTF-8 encoded text")
+    if isinstance(v, (int, float)):  # only from in-process callers; Redis hands back bytes
+        return str(v)
+    return Rejected("", None, f"{name} must be a string, got {type(v).__name__}")
+
+
+def _bad_id(ticket_id: str) -> str | None:
+    if not ticket_id.strip():
+        return "id is empty; omit the 'id' field to use the stream entry id instead"
+    if len(ticket_id.encode("utf-8")) > MAX_ID_BYTES:
+        return f"id is longer than {MAX_ID_BYTES} bytes"
+    if any(ord(c) < 32 or ord(c) == 127 for c in ticket_id):
+        return "id contains control characters (newline, tab, NUL, ...)"
+    return None
+
+
+def _bad_meta(meta: str) -> str | None:
+    try:
+        value = json.loads(meta)
+    except (ValueError, RecursionError) as e:
+        detail = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
+        return f"meta is not valid JSON ({detail}); send a JSON object such as {{\"customer\": 42}} or omit it"
+    if not isinstance(value, dict):
+        return f"meta must be a JSON object, got a JSON {_json_kind(value)}"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"

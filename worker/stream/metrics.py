@@ -1,0 +1,147 @@
+"""The numbers behind the per-batch log line and the periodic summary. Pure: no Redis, no logging.
+
+One canonical line per batch (every field an operator needs to tell "slow
+model" from "padding waste" from "backlog growing" without a second tool).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); ``None`` for no values."""
+    if not values:
+        return None
+    if not 0.0 <= q <= 100.0:
+        raise ValueError("q must be within [0, 100]")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _r(x: float | None, nd: int = 1) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+@dataclass
+class BatchMetrics:
+    """What one drained window cost; ``line()`` is the canonical "batch" log record."""
+
+    batch: int
+    items: int = 0  # tickets classified and written
+    dead_lettered: int = 0
+    source: str = "new"  # new | pending | claimed
+    buckets: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    prefix_tokens_reused: int = 0
+    read_ms: float = 0.0
+    tokenize_ms: float = 0.0
+    infer_ms: float = 0.0
+    write_ms: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    backlog: int | None = None  # undelivered entries (XINFO GROUPS lag)
+    pending: int | None = None  # delivered, not yet acked (whole group)
+    split_retries: int = 0  # items re-run alone after a batch error
+
+    @property
+    def padding_pct(self) -> float:
+        return 100.0 * (self.padded_tokens - self.real_tokens) / self.padded_tokens if self.padded_tokens else 0.0
+
+    @property
+    def busy_ms(self) -> float:
+        """Work done for this batch (tokenize + infer + write), not counting waits for tickets to arrive."""
+        return self.tokenize_ms + self.infer_ms + self.write_ms
+
+    @property
+    def items_per_s(self) -> float:
+        done = self.items + self.dead_lettered
+        return 1000.0 * done / self.busy_ms if self.busy_ms > 0 else 0.0
+
+    def line(self) -> dict:
+        return {
+            "batch": self.batch,
+            "source": self.source,
+            "items": self.items,
+            "dead_lettered": self.dead_lettered,
+            "buckets": self.buckets,
+            "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "padding_pct": round(self.padding_pct, 1),
+            "prefix_tokens_reused": self.prefix_tokens_reused,
+            "read_ms": _r(self.read_ms),
+            "tokenize_ms": _r(self.tokenize_ms),
+            "infer_ms": _r(self.infer_ms),
+            "write_ms": _r(self.write_ms),
+            "items_per_s": _r(self.items_per_s),
+            "latency_p50_ms": _r(percentile(self.latencies_ms, 50)),
+            "latency_p99_ms": _r(percentile(self.latencies_ms, 99)),
+            "backlog": self.backlog,
+            "pending": self.pending,
+            "split_retries": self.split_retries,
+        }
+
+
+class Summary:
+    """Accumulates batches between "summary" lines (every ``TRIAGE_LOG_SUMMARY_S``)."""
+
+    MAX_LATENCIES = 100_000  # bound memory on a very busy period; keeps the most recent
+
+    def __init__(self, period_s: float, now_s: float):
+        self.period_s = period_s
+        self.started_s = now_s
+        self._reset(now_s)
+
+    def _reset(self, now_s: float) -> None:
+        self.since_s = now_s
+        self.batches = 0
+        self.items = 0
+        self.dead_lettered = 0
+        self.real_tokens = 0
+        self.padded_tokens = 0
+        self.busy_ms = 0.0
+        self.latencies_ms: list[float] = []
+        self.reconnects = 0
+        self.last_backlog: int | None = None
+
+    def add(self, m: BatchMetrics) -> None:
+        self.batches += 1
+        self.items += m.items
+        self.dead_lettered += m.dead_lettered
+        self.real_tokens += m.real_tokens
+        self.padded_tokens += m.padded_tokens
+        self.busy_ms += m.busy_ms
+        self.latencies_ms.extend(m.latencies_ms)
+        if len(self.latencies_ms) > self.MAX_LATENCIES:
+            del self.latencies_ms[: len(self.latencies_ms) - self.MAX_LATENCIES]
+        if m.backlog is not None:
+            self.last_backlog = m.backlog
+
+    def due(self, now_s: float) -> bool:
+        return now_s - self.since_s >= self.period_s
+
+    def take(self, now_s: float) -> dict:
+        """The summary record for the period that ends now; starts a new period."""
+        wall_s = max(now_s - self.since_s, 1e-9)
+        padded = self.padded_tokens
+        line = {
+            "period_s": round(wall_s, 1),
+            "uptime_s": round(now_s - self.started_s, 1),
+            "batches": self.batches,
+            "items": self.items,
+            "dead_lettered": self.dead_lettered,
+            "items_per_s": round(self.items / wall_s, 1),
+            "busy_pct": round(min(100.0, 100.0 * self.busy_ms / 1000.0 / wall_s), 1),
+            "padding_pct": round(100.0 * (padded - self.real_tokens) / padded, 1) if padded else 0.0,
+            "latency_p50_ms": _r(percentile(self.latencies_ms, 50)),
+            "latency_p99_ms": _r(percentile(self.latencies_ms, 99)),
+            "backlog": self.last_backlog,
+            "reconnects": self.reconnects,
+        }
+        self._reset(now_s)
+        return line

@@ -1,0 +1,214 @@
+"""The reader thread: decides what to read next (own pending -> reclaimed -> new), drains a
+window (up to N entries or until the wait bound), parses and tokenizes it, and hands
+it to the main loop through a queue of one.
+
+Why a thread: while the model runs on window k, the next read and tokenization
+(both mostly outside the GIL: socket waits, the Rust tokenizer) happen for window
+k+1. A permit (semaphore of 1) bounds the prefetch to exactly one window, so at
+most two windows are ever read-but-unacked by this process.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Sequence
+
+import redis
+
+from worker.stream.connection import Backoff, is_transient
+from worker.stream.source import RawEntry, StreamSource
+from worker.stream.window import Window, build_window
+
+END = "end"  # stop was requested; everything read before it has been queued
+DRAINED = "drained"  # --drain: nothing undelivered, nothing pending
+
+
+class InFlight:
+    """Stream ids read by this process and not yet settled (written + acked or given up).
+
+    Re-reads of our own PEL and XAUTOCLAIM can return these again; they are skipped
+    so no entry is classified twice inside one process."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            self._ids.update(ids)
+
+    def discard(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            self._ids.difference_update(ids)
+
+    def fresh(self, entries: list[RawEntry]) -> list[RawEntry]:
+        with self._lock:
+            return [e for e in entries if e.stream_id not in self._ids]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ids)
+
+
+class Reader(threading.Thread):
+    IDLE_BLOCK_MS = 500  # longest XREADGROUP BLOCK: bounds how late a stop request is noticed
+    DRAIN_BLOCK_MS = 100
+
+    def __init__(
+        self,
+        source: StreamSource,
+        prepare: Callable[[Sequence[str]], list],
+        *,
+        max_items: int,
+        max_wait_ms: int,
+        claim_idle_ms: int,
+        max_deliveries: int,
+        max_text_bytes: int,
+        reconnect_max_s: float,
+        stop: threading.Event,
+        log,
+        drain: bool = False,
+        on_reconnect: Callable[[], None] | None = None,
+    ):
+        super().__init__(name="triage-reader", daemon=True)
+        self.source = source
+        self.prepare = prepare
+        self.max_items = max_items
+        self.max_wait_ms = max_wait_ms
+        self.claim_idle_ms = claim_idle_ms
+        self.max_deliveries = max_deliveries
+        self.max_text_bytes = max_text_bytes
+        self.stop = stop
+        self.log = log
+        self.drain = drain
+        self.on_reconnect = on_reconnect
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.permit = threading.Semaphore(1)  # released by the main loop: after take (prefetch) or after write
+        self.in_flight = InFlight()
+        self.backoff = Backoff(reconnect_max_s)
+        self._pending_cursor: str | None = "0"  # re-read own PEL first: at start and after every reconnect
+        self._claim_cursor = "0-0"
+        self._claim_interval_s = min(max(claim_idle_ms / 2000.0, 0.1), 5.0)
+        self._next_claim_s = 0.0  # claim on start: a dead predecessor's entries come first
+        self._partial: list[RawEntry] = []
+        self._read_ms = 0.0
+
+    # ----------------------------------------------------------------- thread
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if not self.permit.acquire(timeout=0.2):
+                    continue
+                window = self._next_window()
+                if window is None:
+                    self.permit.release()
+                    if self.drain and self._drained():
+                        self.queue.put(DRAINED)
+                        return
+                    continue
+                self.queue.put(window)
+            self.queue.put(END)
+        except BaseException as e:  # noqa: BLE001 - the main loop must learn the reader died
+            self.log.exception("reader_crashed")
+            self.queue.put(e)
+
+    # ------------------------------------------------------------------ reads
+    def _next_window(self) -> Window | None:
+        self._partial, self._read_ms = [], 0.0
+        source = "new"
+        try:
+            source, entries = self._read()
+            failures = self.backoff.reset()
+            if failures:
+                self.log.info("redis_reconnected", op="read", failed_attempts=failures)
+        except Exception as e:  # noqa: BLE001 - the worker outlives Redis outages and surprises
+            entries = self._partial  # already delivered to us: must be processed, not forgotten
+            self._on_read_error(e)
+        if not entries:
+            return None
+        t0 = time.perf_counter()
+        window = build_window(
+            entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
+        )
+        window.tokenize_ms = (time.perf_counter() - t0) * 1000  # parse + tokenize
+        window.read_ms, window.read_done_s = self._read_ms, time.monotonic()
+        try:
+            state = self.source.group_state()
+            if state is not None:
+                window.backlog, window.pending = state.lag, state.pending
+        except Exception:  # noqa: BLE001 - metrics only; a real outage shows up on the next read
+            pass
+        return window
+
+    def _read(self) -> tuple[str, list[RawEntry]]:
+        t0 = time.perf_counter()
+        try:
+            if self._pending_cursor is not None:
+                got = self.source.read_own_pending(self._pending_cursor, self.max_items)
+                self._pending_cursor = got[-1].stream_id if got else None
+                fresh = self._take(got)
+                if fresh:
+                    return "pending", fresh
+            if time.monotonic() >= self._next_claim_s:
+                got, self._claim_cursor, deleted = self.source.autoclaim(self._claim_cursor, self.max_items, self.claim_idle_ms)
+                if deleted:
+                    self.log.warning("claimed_entries_deleted", count=len(deleted), note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them")
+                if self._claim_cursor == "0-0":
+                    self._next_claim_s = time.monotonic() + self._claim_interval_s
+                fresh = self._take(got)
+                if fresh:
+                    self.log.info("entries_claimed", count=len(fresh), max_deliveries_seen=max(e.deliveries for e in fresh))
+                    return "claimed", fresh
+            return "new", self._drain_new()
+        finally:
+            self._read_ms = (time.perf_counter() - t0) * 1000
+
+    def _take(self, entries: list[RawEntry]) -> list[RawEntry]:
+        fresh = self.in_flight.fresh(entries)
+        self.in_flight.add([e.stream_id for e in fresh])
+        return fresh
+
+    def _drain_new(self) -> list[RawEntry]:
+        """Up to N entries: block until the first arrives, then at most max_wait_ms more to fill."""
+        block = self.DRAIN_BLOCK_MS if self.drain else self.IDLE_BLOCK_MS
+        got = self._take(self.source.read_new(self.max_items, block))
+        self._partial = got
+        if not got:
+            return got
+        first_s = time.monotonic()
+        while len(got) < self.max_items and not self.stop.is_set():
+            left_ms = self.max_wait_ms - (time.monotonic() - first_s) * 1000
+            if left_ms < 1:
+                break
+            more = self._take(self.source.read_new(self.max_items - len(got), int(left_ms)))
+            got.extend(more)
+        return got
+
+    def _on_read_error(self, e: Exception) -> None:
+        self._pending_cursor = "0"  # a lost reply may have delivered entries we never saw
+        if isinstance(e, redis.ResponseError) and "NOGROUP" in str(e):
+            self.log.warning("group_missing", error=str(e), action="recreating the consumer group")
+            try:
+                self.source.ensure_group()
+                return
+            except Exception as again:  # noqa: BLE001
+                e = again
+        if is_transient(e):
+            delay = self.backoff.failed(self.stop)
+            self.log.warning("redis_unavailable", op="read", error=f"{type(e).__name__}: {e}", attempt=self.backoff.attempt, retried_after_s=round(delay, 2))
+            if self.on_reconnect:
+                self.on_reconnect()
+        else:
+            delay = self.backoff.failed(self.stop)
+            self.log.error("read_failed", error=f"{type(e).__name__}: {e}", attempt=self.backoff.attempt, retried_after_s=round(delay, 2))
+
+    def _drained(self) -> bool:
+        if len(self.in_flight):
+            return False
+        try:
+            return self.source.is_drained()
+        except Exception as e:  # noqa: BLE001
+            self._on_read_error(e)
+            return False

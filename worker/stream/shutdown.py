@@ -1,0 +1,48 @@
+"""rq-style warm/cold shutdown on SIGTERM/SIGINT.
+
+First signal (warm): stop reading, finish and ack what was already read, exit 0.
+Second signal (cold): exit at once; whatever was read but not acked stays in the
+consumer group's pending list, where another worker reclaims it (XAUTOCLAIM).
+Exiting mid-transaction is safe: MULTI/EXEC either ran entirely or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Shutdown:
+    def __init__(self, log):
+        self.log = log
+        self.stop = threading.Event()
+        self.signals = 0
+        self.reason: str | None = None
+
+    def install(self) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def request(self, reason: str) -> None:
+        """Warm stop from code (e.g. --drain finished)."""
+        self.reason = self.reason or reason
+        self.stop.set()
+
+    def _handle(self, signum: int, _frame) -> None:
+        self.signals += 1
+        name = signal.Signals(signum).name
+        if self.signals == 1:
+            self.log.info("warm_shutdown", signal=name, note="finishing the batch in hand; send again to exit at once")
+            self.request(f"signal {name}")
+            return
+        self.log.warning("cold_shutdown", signal=name, note="exiting now; unacked entries stay pending for reclaim")
+        for stream in (sys.stderr, sys.stdout):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(128 + signum)

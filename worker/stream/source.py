@@ -1,0 +1,149 @@
+"""Reading the input stream through a consumer group: new entries, this consumer's own
+pending entries, entries reclaimed from dead consumers (XAUTOCLAIM), delivery counts.
+
+Only Redis calls live here; the policy of when to call what is in ``reader.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker.stream.messages import as_text
+
+
+@dataclass
+class RawEntry:
+    stream_id: str
+    fields: dict | None  # raw bytes -> bytes; None/{} when the entry was deleted
+    deliveries: int  # times delivered, this delivery included (XPENDING)
+    source: str  # "new" | "pending" | "claimed"
+
+
+@dataclass(frozen=True)
+class GroupState:
+    lag: int | None  # entries not yet delivered to the group (None: Redis cannot tell)
+    pending: int  # delivered, not acked (all consumers)
+    last_delivered_id: str
+
+
+class StreamSource:
+    def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str):
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+
+    # ------------------------------------------------------------------ setup
+    def ensure_group(self) -> bool:
+        """Create the group (and the stream) if missing; it starts at the stream's first entry,
+        so tickets pushed before any worker ever ran are classified too. True if created."""
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            return True
+        except redis.ResponseError as e:
+            if "BUSYGROUP" in str(e):
+                return False
+            raise
+
+    def key_type(self, key: str) -> str:
+        return as_text(self.client.type(key))
+
+    # ------------------------------------------------------------------ reads
+    def read_new(self, count: int, block_ms: int | None) -> list[RawEntry]:
+        """XREADGROUP ... > : entries never delivered to anyone (first delivery, count 1)."""
+        reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        return [RawEntry(as_text(i), f, 1, "new") for i, f in _entries(reply)]
+
+    def read_own_pending(self, after_id: str, count: int) -> list[RawEntry]:
+        """XREADGROUP ... <id> : this consumer's delivered-but-unacked entries after ``after_id``.
+
+        Redis counts this as another delivery (checked on 7.0), which is what makes a
+        restart loop on one poison entry visible in its delivery count."""
+        reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: after_id}, count=count)
+        entries = [RawEntry(as_text(i), f, 0, "pending") for i, f in _entries(reply)]
+        self._fill_deliveries(entries)
+        return entries
+
+    def autoclaim(self, cursor: str, count: int, min_idle_ms: int) -> tuple[list[RawEntry], str, list[str]]:
+        """XAUTOCLAIM entries idle >= ``min_idle_ms`` (from any consumer, dead or stuck).
+
+        Returns (entries now ours, next cursor ("0-0" = scan complete), ids that were
+        pending but deleted from the stream; Redis drops those from the PEL itself)."""
+        reply = self.client.xautoclaim(self.stream, self.group, self.consumer, min_idle_ms, start_id=cursor, count=count)
+        next_cursor, claimed = as_text(reply[0]), reply[1] or []
+        deleted = [as_text(i) for i in reply[2]] if len(reply) > 2 and reply[2] else []
+        entries = [RawEntry(as_text(i), f, 0, "claimed") for i, f in claimed if i is not None]
+        self._fill_deliveries(entries)
+        return entries, next_cursor, deleted
+
+    def _fill_deliveries(self, entries: list[RawEntry]) -> None:
+        counts = self.delivery_counts([e.stream_id for e in entries])
+        for e in entries:
+            e.deliveries = counts.get(e.stream_id, 1)
+
+    def delivery_counts(self, ids: list[str]) -> dict[str, int]:
+        """XPENDING per id (one round trip): how often each was delivered, for entries pending on this consumer."""
+        if not ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for i in ids:
+            pipe.xpending_range(self.stream, self.group, min=i, max=i, count=1, consumername=self.consumer)
+        out: dict[str, int] = {}
+        for rows in pipe.execute():
+            for row in rows:
+                out[as_text(row["message_id"])] = int(row["times_delivered"])
+        return out
+
+    def owned(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` are still pending on this consumer (not acked, not claimed away)."""
+        return set(self.delivery_counts(ids))
+
+    # ------------------------------------------------------------------ state
+    def group_state(self) -> GroupState | None:
+        for g in self.client.xinfo_groups(self.stream):
+            if as_text(g.get("name")) == self.group:
+                lag = g.get("lag")
+                return GroupState(
+                    lag=None if lag is None else int(lag),
+                    pending=int(g.get("pending") or 0),
+                    last_delivered_id=as_text(g.get("last-delivered-id") or b"0-0"),
+                )
+        return None
+
+    def is_drained(self) -> bool:
+        """No entry waits for a first delivery and none is pending on any consumer."""
+        state = self.group_state()
+        if state is None:
+            return False
+        if state.pending:
+            return False
+        # precise even when XINFO's lag is unknown (after XDEL): is there an entry past the last delivered one?
+        after = self.client.xrange(self.stream, min="(" + state.last_delivered_id, max="+", count=1)
+        return not after
+
+    def own_pending_count(self) -> int:
+        info = self.client.xpending(self.stream, self.group)
+        for c in info.get("consumers") or []:
+            if as_text(c.get("name")) == self.consumer:
+                return int(c.get("pending") or 0)
+        return 0
+
+    def delete_consumer(self) -> None:
+        """Forget this consumer's name (only call when it has nothing pending: XGROUP DELCONSUMER drops its PEL)."""
+        self.client.xgroup_delconsumer(self.stream, self.group, self.consumer)
+
+    def ack(self, ids: list[str]) -> int:
+        return int(self.client.xack(self.stream, self.group, *ids)) if ids else 0
+
+
+def _entries(reply: Any) -> list[tuple[Any, Any]]:
+    """Flatten redis-py's XREADGROUP reply (RESP2 list or RESP3 dict) to (id, fields) pairs."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        streams = reply.values()
+        return [pair for s in streams for pair in (s[0] if s and isinstance(s[0], list) else s)]
+    return [pair for _name, pairs in reply for pair in pairs]

@@ -1,0 +1,129 @@
+"""A window: the entries one drain read, split into tickets to classify and entries to
+dead-letter, and (after the model ran) turned into the ``Outcome`` to write.
+
+Everything here is decided per entry, so one bad entry never affects its neighbours.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from worker.engine.classifier import InvalidTicket, Prediction, Prepared
+from worker.stream.messages import Rejected, Ticket, parse_entry
+from worker.stream.records import dead_letter_fields, result_fields, stream_id_ms
+from worker.stream.sink import Outcome
+from worker.stream.source import RawEntry
+
+
+@dataclass
+class Window:
+    entries: list[RawEntry]
+    source: str  # new | pending | claimed
+    tickets: list[Ticket] = field(default_factory=list)
+    prepared: list[Prepared] = field(default_factory=list)  # aligned with tickets
+    rejected: list[tuple[RawEntry, str | None, str]] = field(default_factory=list)  # (entry, ticket id, reason)
+    read_ms: float = 0.0
+    tokenize_ms: float = 0.0
+    read_done_s: float = 0.0  # time.monotonic() when the last entry was read (the reclaim clock starts then)
+    backlog: int | None = None
+    pending: int | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [e.stream_id for e in self.entries]
+
+
+def poison_reason(deliveries: int, max_deliveries: int) -> str:
+    return (
+        f"delivered {deliveries} times, more than TRIAGE_MAX_DELIVERIES={max_deliveries}: workers kept reading it "
+        "without finishing (it probably crashes or stalls them), so it is parked here instead of being retried again"
+    )
+
+
+def build_window(
+    entries: list[RawEntry],
+    source: str,
+    prepare: Callable[[Sequence[str]], list],
+    *,
+    max_text_bytes: int,
+    max_deliveries: int,
+) -> Window:
+    """Parse, drop poison entries, tokenize the rest in one call (one call per ticket if that call fails)."""
+    w = Window(entries=entries, source=source)
+    candidates: list[tuple[RawEntry, Ticket]] = []
+    for e in entries:
+        parsed = parse_entry(e.stream_id, e.fields, max_text_bytes=max_text_bytes)
+        if e.deliveries > max_deliveries:  # poison: never hand it to the model again
+            w.rejected.append((e, parsed.ticket_id, poison_reason(e.deliveries, max_deliveries)))
+        elif isinstance(parsed, Rejected):
+            w.rejected.append((e, parsed.ticket_id, parsed.reason))
+        else:
+            candidates.append((e, parsed))
+    t0 = time.perf_counter()
+    texts = [t.text for _, t in candidates]
+    try:
+        prepared = prepare(texts) if texts else []
+    except Exception:  # one text broke the whole tokenizer call: find which, alone
+        prepared = []
+        for text in texts:
+            try:
+                prepared.extend(prepare([text]))
+            except Exception as e:  # noqa: BLE001 - reported per ticket, never fatal
+                prepared.append(InvalidTicket(f"the tokenizer failed on this ticket ({type(e).__name__}: {_short(e)})"))
+    for (e, ticket), p in zip(candidates, prepared):
+        if isinstance(p, Prepared):
+            w.tickets.append(ticket)
+            w.prepared.append(p)
+        else:
+            w.rejected.append((e, ticket.ticket_id, str(p)))
+    w.tokenize_ms = (time.perf_counter() - t0) * 1000
+    return w
+
+
+def to_outcome(
+    w: Window,
+    predictions: Sequence[Prediction | Exception],
+    *,
+    model: str,
+    worker: str,
+    now_ms: float | None = None,
+) -> tuple[Outcome, list[float]]:
+    """Result records (latency = now - the entry id's enqueue time), dead letters, and acks for every entry.
+
+    Returns the outcome and the latencies (ms) of the classified tickets."""
+    now_ms = time.time() * 1000 if now_ms is None else now_ms
+    out = Outcome()
+    latencies: list[float] = []
+    by_id = {e.stream_id: e for e in w.entries}
+    for ticket, pred in zip(w.tickets, predictions):
+        if isinstance(pred, Exception):
+            reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {_short(pred)})"
+            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker))
+            continue
+        latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
+        latencies.append(latency)
+        out.results.append(
+            result_fields(ticket.ticket_id, pred, latency_ms=latency, model=model, worker=worker, meta=ticket.meta, stream_id=ticket.stream_id)
+        )
+    for entry, ticket_id, reason in w.rejected:
+        out.dead_letters.append(_dead(entry, ticket_id, reason, worker))
+    out.ack_ids = w.ids
+    return out, latencies
+
+
+def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str) -> dict[str, str]:
+    return dead_letter_fields(
+        stream_id=entry.stream_id,
+        reason=reason,
+        payload=entry.fields or {},
+        deliveries=entry.deliveries,
+        ticket_id=ticket_id,
+        worker=worker,
+    )
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    s = str(e).strip().replace("\n", " ")
+    return s if len(s) <= limit else s[: limit - 3] + "..."
