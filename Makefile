@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 demo: venv
-	$(BIN)/triage-producer demo
+	$(BIN)/triage-producer demo $(DEMO_ARGS)
 
 test: venv
 	$(BIN)/python -m pytest -q

@@ -34,29 +34,50 @@ def tiny_env(tiny_model_dir, tmp_path, monkeypatch) -> dict[str, str]:
     return env
 
 
-def test_eval_command_reports_metrics_for_every_variant_and_writes_a_png(tiny_env, tmp_path):
+def test_eval_command_reports_metrics_for_every_variant_and_writes_a_png(tiny_env, tmp_path, capsys):
     out, png = tmp_path / "eval.json", tmp_path / "cm.png"
-    cmd = [sys.executable, "-m", "worker", "eval", "--input", str(TICKETS), "--split", "test", "--limit", "20",
-           "--train", str(TICKETS), "--train-split", "train", "--k", "1", "--head-shots", "1",
-           "--pooling", "mean", "--json", str(out), "--plot", str(png), "--no-progress"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=tiny_env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    rc = main(["eval", "--input", str(TICKETS), "--split", "test", "--limit", "15", "--train", str(TICKETS),
+               "--train-split", "train", "--k", "1", "--head-shots", "1", "--curve-repeats", "2", "--pooling", "mean",
+               "--calibration", "none,contextual,prior", "--json", str(out), "--plot", str(png), "--no-progress"])
+    assert rc == 0
     report = json.loads(out.read_text())
-    assert report["n_test"] == 20 and report["n_train"] == 50 and report["model"] == tiny_env["TRIAGE_MODEL"]
+    assert report["n_test"] == 15 and report["n_train"] == 50 and report["model"] == tiny_env["TRIAGE_MODEL"]
     names = {m["name"] for m in report["methods"]}
     for want in ("zero-shot", "descriptions +contextual", "few-shot +prior", "task", "head logreg/mean",
                  "head centroid/mean", "head on task examples logreg/mean"):
         assert want in names, names
     for m in report["methods"]:
         assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["ece"] <= 1.0
-        assert sum(map(sum, m["confusion"])) == 20
+        assert sum(map(sum, m["confusion"])) == 15
         assert set(m["per_label"]) == {"billing", "technical", "account", "shipping", "other"}
     assert report["passes"]["few-shot"]["examples"] == 5 and report["learning_curve"][0]["per_label"] == 1
+    assert report["worker_default"] == "head on task examples centroid/mean"  # TRIAGE_SCORER=auto, built-in task
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "best:" in proc.stdout and "head logreg/mean" in proc.stdout
+    stdout = capsys.readouterr().out
+    assert "best:" in stdout and "head logreg/mean" in stdout
 
 
-def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys):
+def test_eval_command_line_runs_in_a_fresh_process(tiny_env, tmp_path):
+    """The installed entry point, as on a fresh clone (one cheap variant)."""
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "worker", "eval", "--input", str(TICKETS), "--split", "test", "--limit", "5",
+           "--variants", "zero-shot", "--calibration", "none", "--json", str(out), "--no-progress"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=tiny_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [m["name"] for m in json.loads(out.read_text())["methods"]] == ["zero-shot"]
+
+
+def test_eval_rejects_missing_files_and_unknown_labels(tiny_env, tmp_path, capsys, monkeypatch):
+    assert main(["eval", "--input", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello", "label": "greeting"}\n')
+    monkeypatch.setenv("TRIAGE_LABELS", "billing,other")
+    assert main(["eval", "--input", str(data)]) == 2
+    assert "labels the task does not know: ['greeting']" in capsys.readouterr().err
+
+
+def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys, monkeypatch):
     head_path, task_path = tmp_path / "head.safetensors", tmp_path / "task.yaml"
     rc = main(["fit", "--input", str(TICKETS), "--split", "train", "--out", str(head_path),
                "--examples-out", str(task_path), "--k", "1", "--method", "centroid", "--no-progress"])
@@ -72,6 +93,15 @@ def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, ca
     assert all(p.label in task.labels for p in preds)
     with pytest.raises(HeadMismatch, match="prompt"):  # same labels, but without the examples it was fitted under
         Classifier.from_settings(Settings(head_path=head_path))
+    # eval scores the head file under the task it was fitted for, and names it the worker's default
+    monkeypatch.setenv("TRIAGE_TASK_FILE", str(task_path))
+    monkeypatch.setenv("TRIAGE_HEAD_PATH", str(head_path))
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--input", str(TICKETS), "--split", "test", "--limit", "5", "--variants", "head",
+                 "--pooling", "mean", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["worker_default"] == "head file centroid/mean"
+    assert {m["name"] for m in report["methods"]} >= {"head file centroid/mean", "head on task examples centroid/mean"}
 
 
 def test_fit_refuses_unknown_labels_and_empty_requests(tiny_env, tmp_path, capsys):

@@ -152,3 +152,21 @@ def test_confidence_threshold_marks_low_confidence_results_as_fallback(settings_
         assert q.scores == pytest.approx(p.scores)  # probabilities are reported either way
         assert q.label == (p.label if p.score >= cut else "needs_review")
     assert sum(q.label == "needs_review" for q in preds) == len(texts) // 2
+
+
+def test_default_start_up_fits_a_centroid_head_on_the_task_examples_unless_told_otherwise(settings_for):
+    clf = Classifier.from_settings(settings_for())  # scorer=auto, built-in task with one example per label
+    assert scorer_kind(clf) == "head"
+    head = clf.scorer.head
+    assert (head.method, head.pooling, head.meta["n_train"], head.meta["source"]) == ("centroid", "mean", 5, "task examples")
+    examples = clf.task.examples
+    items = clf.prepare_valid([e.text for e in examples] + [t for t, _ in TEXTS])
+    batched, _ = clf.classify(items)
+    reference = clf.reference(items)
+    assert [p.label for p in batched] == [p.label for p in reference]
+    for a, b in zip(batched, reference):
+        assert a.scores == pytest.approx(b.scores, abs=1e-4)
+    # an example's own hidden state is its class centroid: it must come back with its label
+    assert [p.label for p in batched[: len(examples)]] == [e.label for e in examples]
+    assert scorer_kind(Classifier.from_settings(settings_for(scorer="prompt"))) == "prompt"
+    assert scorer_kind(Classifier.from_settings(settings_for(labels="billing,other"))) == "prompt"  # no examples

@@ -17,6 +17,11 @@ Leaving the ``with`` block SIGKILLs a worker that is still running, so a failing
 test never leaks a process. Every stderr line is kept (``w.lines``); the ones that
 are JSON objects are also parsed (``w.logs``). ``w.stderr_tail()`` is handy in
 assertion messages.
+
+Also here: ``run_cli(env, "healthcheck")`` (a short-lived command), ``env_with`` /
+``make_env`` / ``delete_keys`` (environments, also for module-scoped workers), and
+``outcomes`` / ``wait_settled`` (read back results and dead letters per input entry id,
+failing on anything written twice).
 """
 
 from __future__ import annotations

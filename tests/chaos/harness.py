@@ -1,5 +1,5 @@
 """What every chaos test needs: sizes (quick/full), pushing tickets, counting results
-(lost / duplicates), waiting, RSS sampling, log parsing, and publishing figures.
+(lost / duplicates), waiting, RSS sampling, and publishing figures.
 
 Sizes: ``TRIAGE_CHAOS_SCALE=full`` switches every test to the issue's full size
 (>= 5,000 tickets with >= 20 kills, 100,000-entry backlog, ...); the default
@@ -19,24 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import pytest
 import redis
 
 from tests.chaos.redis_server import read_rss_kb
 
-SCALE = os.environ.get("TRIAGE_CHAOS_SCALE", "quick").strip().lower()  # quick | all | full
+SCALE = os.environ.get("TRIAGE_CHAOS_SCALE", "quick").strip().lower()  # quick | full
 FULL = SCALE == "full"
-
-# Tests whose process starts would push `make test` past its budget on a busy 2-core box run only
-# with TRIAGE_CHAOS_SCALE=all (quick sizes) or full (make chaos / scripts/chaos_report.py).
-heavy = pytest.mark.skipif(
-    SCALE not in ("all", "full"),
-    reason="heavy chaos test: run with TRIAGE_CHAOS_SCALE=all (quick sizes) or =full (scripts/chaos_report.py)",
-)
 
 
 def sized(quick, full):
-    """The quick value (``make test``, TRIAGE_CHAOS_SCALE=all), the full one (TRIAGE_CHAOS_SCALE=full)."""
+    """The quick value (``make test``), or the full one with TRIAGE_CHAOS_SCALE=full (scripts/chaos_report.py)."""
     return full if FULL else quick
 
 
@@ -187,26 +179,10 @@ class RssSampler(threading.Thread):
         return self.samples
 
 
-# ---------------------------------------------------------------------- logs
-def log_events(text: str) -> list[dict]:
-    """The worker's JSON log lines (anything that is not a JSON object is skipped)."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out
-
-
 # ---------------------------------------------------------------------- figures
 def record(test: str, **figures) -> dict:
     """Publish a test's figures: printed (visible with -s) and appended to $TRIAGE_CHAOS_REPORT if set."""
-    row = {"test": test, "scale": SCALE, **figures}
+    row = {"test": test, "scale": SCALE, **figures, "load_avg_1m": round(os.getloadavg()[0], 1)}
     print(f"\nCHAOS {json.dumps(row, sort_keys=True)}")
     path = os.environ.get("TRIAGE_CHAOS_REPORT")
     if path:

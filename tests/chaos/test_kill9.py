@@ -21,8 +21,8 @@ from tests.chaos.harness import count_done, pending_of, push, record, sized, syn
 
 
 def test_kill9_at_random_points_loses_nothing(launch, chaos_redis, tiny_model_dir, tmp_path):
-    n = sized(300, 5000)
-    kills = sized(2, 20)
+    n = sized(600, 5000)
+    kills = sized(5, 20)
     batch = 32
     rng = random.Random(1234)
     env = worker_env(

@@ -14,8 +14,8 @@ import sys
 import time
 
 # CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
-DEFAULT_N, QUICK_N = 24, 6
-DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 3
+DEFAULT_N, QUICK_N = 16, 4
+DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 2
 SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
 
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
     m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
+    m.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice, as the worker runs; see docs on shared CPUs)")
     m.add_argument("--max-batch-items", type=int, help="modes 4-5: items per pass at most (TRIAGE_MAX_BATCH_ITEMS)")
     m.add_argument("--max-batch-tokens", type=int, help="modes 4-5: padded tokens per pass at most (TRIAGE_MAX_BATCH_TOKENS)")
     m.add_argument("--fixed-batch", type=int, help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
@@ -89,6 +90,10 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
     from worker.engine.task import task_from_settings
 
     t_start = time.perf_counter()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
     clfs = build_classifiers(settings, wl.prompt_tasks(task_from_settings(settings), args.prompt))
     first = clfs[0][1]

@@ -126,6 +126,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
     import uuid
 
     import redis
+    import torch
 
     ns = namespace or f"triage-bench:{uuid.uuid4().hex[:10]}:"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
@@ -137,6 +138,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
         TRIAGE_RESULTS_STREAM=ns + "results", TRIAGE_DEAD_LETTER_STREAM=ns + "dead", TRIAGE_RESULT_KEY_PREFIX=ns + "result:",
         TRIAGE_HEARTBEAT_KEY_PREFIX=ns + "heartbeat:", TRIAGE_GROUP="bench", TRIAGE_CONSUMER="bench-worker",
         TRIAGE_LOG_FORMAT="json", TRIAGE_LOG_LEVEL="INFO",
+        OMP_NUM_THREADS=str(torch.get_num_threads()),  # the worker gets the bench's thread count
     )
     for key in ("task_file", "labels"):
         if getattr(settings, key):

@@ -87,7 +87,7 @@ def _throughput(ax, runs, redis) -> None:
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("tickets / s")
     cpu = runs[0]["modes"][0].get("speedup_vs_sequential_cpu") is not None
-    ax.set_title("Throughput: x vs mode 1" + (" (in CPU time)" if cpu else ""))
+    ax.set_title("Throughput (wall clock); labels: x vs mode 1" + ("\n(in brackets: x vs mode 1 in CPU time)" if cpu else ""), fontsize=10)
     ax.margins(y=0.15)
     ax.legend(fontsize=8)
 
@@ -123,6 +123,8 @@ def _histogram(ax, run, doc) -> None:
     ax.hist(lengths, bins=bins, color=COLORS["work"], alpha=0.85)
     ax.set_xscale("log")
     ax.set_xlim(max(1, lengths.min() / 1.3), hi * 1.3)
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if lengths.min() / 1.3 <= t <= hi * 1.3]
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     edges = sorted({b["max_len"] for b in run.get("buckets") or []})

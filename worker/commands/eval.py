@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="learning curve: also fit heads on N training tickets per label, e.g. 1,2,4,8")
     p.add_argument("--curve-repeats", type=int, default=3, help="seeded resamples per learning-curve point")
     p.add_argument("--cache-dir", type=Path, default=None, help="cache forward-pass results here (.npz) for fast re-runs")
+    p.add_argument("--head", type=Path, default=None, help="also score this fitted head (default: TRIAGE_HEAD_PATH)")
     p.add_argument("--max-prompt-labels", type=int, default=30, help="above this many labels only the head is measured")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
     p.add_argument("--plot", type=Path, default=None, help="write confusion matrices (PNG) here")
@@ -83,10 +84,13 @@ def run(args: argparse.Namespace) -> int:
         variants=args.variants, k=args.k, seed=args.seed, calibrations=args.calibration, head_methods=args.head_methods,
         poolings=args.pooling, max_prompt_labels=args.max_prompt_labels, progress=not args.no_progress,
         head_shots=args.head_shots, curve_repeats=args.curve_repeats, cache_dir=args.cache_dir,
+        head_file=args.head or settings.head_path,
     )
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log)
+    default = evaluation.worker_default(settings, base, settings.head_path)
     report = {
+        "worker_default": next((m["name"] for m in report["methods"] if m["name"].startswith(default)), None),
         "model": settings.model, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
         "input": test_src.description, "train": train_src.description if train_src else None,
         "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),
@@ -145,4 +149,5 @@ def _print_table(report: dict) -> None:
     for c in report["learning_curve"]:
         print(f"  curve: {c['per_label']:3d}/label head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
               f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} ECE {c['ece']:.3f} ({c['repeats']}x)", file=out)
-    print(f"best: {report['best']}   ({report['wall_s']} s)", file=out)
+    print(f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   ({report['wall_s']} s)",
+          file=out)

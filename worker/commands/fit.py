@@ -105,6 +105,10 @@ def _fit(args, settings, task, rows) -> None:
     head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,
                     pooling=args.pooling, meta=meta, seed=args.seed)
     head.save(args.out)
+    fewest = min(head.meta["per_label"].values())
+    if fewest < 8:
+        print(f"note: only {fewest} tickets for some label; heads keep improving up to 30-100 per label (docs/quality.md)"
+              + ("; with under 3 per label the centroid head is better calibrated" if args.method == "logreg" and fewest < 3 else ""))
     print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets ({secs:.0f} s forward) -> {args.out}")
     env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
     print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")

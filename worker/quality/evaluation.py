@@ -43,6 +43,7 @@ class EvalConfig:
     head_shots: Sequence[int] = ()  # learning curve: examples per label to fit the head on
     curve_repeats: int = 3
     cache_dir: Path | None = None  # forward-pass results cache (see features.run_pass)
+    head_file: Path | None = None  # a head fitted by `triage-worker fit`, scored too (if it fits the task's prompt)
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
@@ -108,8 +109,8 @@ def evaluate_all(
     if too_many:
         cfg.skipped.append(f"prompt scoring: {len(labels)} labels > --max-prompt-labels {cfg.max_prompt_labels} (head only)")
     want_head = "head" in cfg.variants
-    if want_head and not train and not base.examples:
-        cfg.skipped.append("head: needs a training file (--train) or examples in the task")
+    if want_head and not train and not base.examples and cfg.head_file is None:
+        cfg.skipped.append("head: needs a training file (--train), examples in the task, or a head file")
         want_head = False
     results, passes, info = [], {}, {"head_prompt": base_name}
     for name, task in tasks.items():
@@ -156,6 +157,8 @@ def _bias(kind: str, clf: Classifier, p: Pass) -> np.ndarray:
 def _heads(loaded, settings, base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[dict], list[dict]]:
     clf, test_pass = task_pass
     out = []
+    if cfg.head_file is not None:
+        out += _score_head_file(cfg.head_file, clf, test_pass, labels, gold, cfg)
     if base.examples:  # what the worker could fit at start-up from the task file alone
         ex = run_pass(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
         out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
@@ -171,6 +174,35 @@ def _heads(loaded, settings, base, task_pass, train, labels, gold, cfg, info, lo
         out += _fit_and_score("head", tr, y, test_pass, labels, gold, cfg)
         curve = learning_curve(tr, y, test_pass, labels, gold, cfg)
     return out, curve
+
+
+def _score_head_file(path: Path, clf: Classifier, test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+    from worker.quality.head import Head, HeadMismatch
+
+    head = Head.load(path)
+    try:
+        head.check(clf)
+    except HeadMismatch as e:
+        cfg.skipped.append(f"head file {path}: {e}")
+        return []
+    head = head.reordered(labels)
+    probs = softmax(head.logits(test_pass.pooled(head.pooling)))
+    extra = {"method": "head", "variant": f"{head.method}/{head.pooling}", "calibration": "none", "head_file": str(path)}
+    return [score_method(f"head file {head.method}/{head.pooling}", probs, labels, gold, extra)]
+
+
+def worker_default(settings, base: Task, head_file: Path | None) -> str:
+    """Which of the measured methods a worker started with these settings would use (see engine.configure)."""
+    from worker.engine.configure import AUTO_METHOD, AUTO_POOLING
+
+    prompt = "task +contextual" if settings.calibration == "contextual" else "task"
+    if settings.scorer == "prompt":
+        return prompt
+    if head_file is not None:
+        return "head file"
+    if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
+        return f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"
+    return prompt
 
 
 def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:

@@ -46,7 +46,10 @@ def run_worker(settings, *, drain: bool = False) -> int:
     client = connect(settings.redis_url)
     source = StreamSource(client, settings.input_stream, settings.group, settings.consumer)
     if not _setup(source, settings, shutdown, log):
-        return EXIT_CONFIG if not shutdown.stop.is_set() else EXIT_OK
+        if shutdown.stop.is_set():
+            log.info("worker_stopped", reason=shutdown.reason or "stopped", batches=0, items=0, dead_lettered=0)
+            return EXIT_OK
+        return EXIT_CONFIG
     loop = _Loop(settings, clf, client, source, shutdown, log, drain)
     return loop.run()
 
@@ -184,7 +187,7 @@ class _Loop:
         """Write + ack; on Redis errors retry (forever, capped backoff) only what is still ours."""
         backoff = Backoff(self.s.reconnect_max_s)
         # Another worker may only reclaim after claim_idle_ms; a batch that took a good part of that must check.
-        check_owner = (time.monotonic() - w.read_done_s) * 1000 >= self.s.claim_idle_ms / 2
+        check_owner = (time.monotonic() - w.read_started_s) * 1000 >= self.s.claim_idle_ms / 2
         while True:
             try:
                 if check_owner:

@@ -118,6 +118,7 @@ class Reader(threading.Thread):
     def _next_window(self) -> Window | None:
         self._partial, self._read_ms = [], 0.0
         source = "new"
+        read_start_s = time.monotonic()  # before any entry is delivered: a stall from here on counts toward the reclaim clock
         try:
             source, entries = self._read()
             failures = self.backoff.reset()
@@ -133,7 +134,7 @@ class Reader(threading.Thread):
             entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
         )
         window.tokenize_ms = (time.perf_counter() - t0) * 1000  # parse + tokenize
-        window.read_ms, window.read_done_s = self._read_ms, time.monotonic()
+        window.read_ms, window.read_started_s = self._read_ms, read_start_s
         try:
             state = self.source.group_state()
             if state is not None:
@@ -158,8 +159,10 @@ class Reader(threading.Thread):
                 if self._claim_cursor == "0-0":
                     self._next_claim_s = time.monotonic() + self._claim_interval_s
                 fresh = self._take(got)
+                if got:  # in_hand: our own window, idle so long that we re-claimed it from ourselves (or from a stale claimer)
+                    self.log.info("entries_claimed", count=len(got), in_hand=len(got) - len(fresh),
+                                  max_deliveries_seen=max(e.deliveries for e in got))
                 if fresh:
-                    self.log.info("entries_claimed", count=len(fresh), max_deliveries_seen=max(e.deliveries for e in fresh))
                     return "claimed", fresh
             return "new", self._drain_new()
         finally:

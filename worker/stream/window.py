@@ -26,7 +26,7 @@ class Window:
     rejected: list[tuple[RawEntry, str | None, str]] = field(default_factory=list)  # (entry, ticket id, reason)
     read_ms: float = 0.0
     tokenize_ms: float = 0.0
-    read_done_s: float = 0.0  # time.monotonic() when the last entry was read (the reclaim clock starts then)
+    read_started_s: float = 0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
     backlog: int | None = None
     pending: int | None = None
 
