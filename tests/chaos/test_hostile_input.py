@@ -5,6 +5,7 @@ reason; the worker never dies; labels always come from the configured set, injec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -102,11 +103,15 @@ def test_corpus_verdicts_at_parser_level():
 
 
 # ------------------------------------------------------------------ whole worker
+def _with_marker(case, marker):
+    """The code payload, aimed at a file in this test's tmp dir: if it ever ran, the file would exist."""
+    return dataclasses.replace(case, fields={**case.fields, b"text": case.fields[b"text"].replace(b"/tmp/triage-pwned", str(marker).encode())})
+
+
 def test_hostile_corpus_through_the_worker(launch, chaos_redis, chaos_env, tmp_path):
     """One worker run over every hostile case (10 MB ticket included), labels restricted to CHAOS_LABELS."""
     marker = tmp_path / "pwned"
-    cases = hostile_cases()
-    cases = [c if c.name != "code_payload" else type(c)(c.name, {**c.fields, b"text": c.fields[b"text"].replace(b"/tmp/triage-pwned", str(marker).encode())}, c.expect) for c in cases]
+    cases = [_with_marker(c, marker) if c.name == "code_payload" else c for c in hostile_cases()]
     client = chaos_redis.client()
     env = dict(chaos_env, TRIAGE_LABELS=",".join(CHAOS_LABELS), TRIAGE_MAX_DELIVERIES="3")
     stream_ids = push(client, env["TRIAGE_INPUT_STREAM"], [c.fields for c in cases], chunk=10)

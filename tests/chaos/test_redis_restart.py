@@ -19,9 +19,8 @@ ADMIN_PASSWORD = "adm1n-P@ss/w0rd#chaos"
 WORKER_PASSWORD = "w0rker-S3cret:with@odd/chars"
 # The worker's least privileges (docs/reliability.md, "Redis ACL"): its own keys, these commands.
 WORKER_ACL = (
-    "~chaos:* resetchannels -@all +ping +hello +auth +client|setname +select +info "
-    "+xgroup|create +xgroup|delconsumer +xreadgroup +xautoclaim +xpending +xinfo|groups +xrange +xack +xadd "
-    "+set +get +del +type +multi +exec +discard"
+    "~chaos:* resetchannels -@all +client|setname +xgroup|create +xgroup|delconsumer +xreadgroup +xautoclaim "
+    "+xpending +xinfo|groups +xrange +xack +xadd +set +del +type +multi +exec"
 )
 
 

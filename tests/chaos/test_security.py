@@ -134,3 +134,20 @@ def test_tls_with_password(launch, redis_server_factory, tiny_model_dir, tmp_pat
     with pytest.raises(redis.ConnectionError):
         redis.Redis(host="127.0.0.1", port=server.port, password=password, socket_timeout=3).ping()
     record("tls", tickets=len(tickets), results=len(got), password_in_logs=False)
+
+
+def test_wrong_password_is_retried_and_never_logged(launch, redis_server_factory, tiny_model_dir, tmp_path):
+    """A wrong password is an AuthenticationError (a ConnectionError in redis-py): the worker keeps
+    retrying with backoff (documented); neither the wrong nor the right password appears in its output."""
+    right, wrong = "r1ght-Pa55word", "Wr0ng-Pa55word"
+    server = redis_server_factory(password=right)
+    env = worker_env(tiny_model_dir, server.url(password=wrong), tmp_path, TRIAGE_RECONNECT_MAX_S=0.5)
+    w = launch(env, ready=False)
+    try:
+        w.wait_for(lambda r: r.get("event") == "redis_unavailable" and "AuthenticationError" in str(r.get("error")), timeout_s=120)
+        w.wait_for(lambda r: r.get("event") == "redis_unavailable" and r.get("attempt", 0) >= 3, timeout_s=60)
+        assert w.returncode is None, "the worker gave up"
+    finally:
+        w.kill()
+    output = "\n".join(w.lines + w.stdout_lines)
+    assert wrong not in output and right not in output and "Pa55word" not in output

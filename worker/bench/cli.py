@@ -14,7 +14,8 @@ import sys
 import time
 
 # CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
-DEFAULT_N, QUICK_N = 16, 4
+DEFAULT_N, QUICK_N = 24, 4
+DEFAULT_CPU_THREADS = 1
 DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 2
 SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
@@ -32,12 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
     m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
-    m.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice, as the worker runs; see docs on shared CPUs)")
+    m.add_argument("--threads", type=int, help=f"torch intra-op threads on CPU (default {DEFAULT_CPU_THREADS}: steady on a shared CPU, see "
+                   "docs/benchmark.md; 0 = torch's default, which is what the worker uses today)")
     m.add_argument("--max-batch-items", type=int, help="modes 4-5: items per pass at most (TRIAGE_MAX_BATCH_ITEMS)")
     m.add_argument("--max-batch-tokens", type=int, help="modes 4-5: padded tokens per pass at most (TRIAGE_MAX_BATCH_TOKENS)")
     m.add_argument("--fixed-batch", type=int, help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
     r = p.add_argument_group("what to run")
     r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
+    r.add_argument("--no-interleave", action="store_true", help="run modes one after another (default: interleaved batch by batch)")
     r.add_argument("--quick", action="store_true", help=f"{QUICK_N} tickets: a smoke run, well under a minute")
     r.add_argument("--sweep", action="store_true", help="also run mode 5 over a max_batch_items x max_batch_tokens grid")
     r.add_argument("--sweep-items", default=SWEEP_ITEMS, help="grid for --sweep (default %(default)s)")
@@ -66,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fixed_batch is None:
         args.fixed_batch = QUICK_FIXED_BATCH if args.quick else DEFAULT_FIXED_BATCH
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if n < 1 or args.fixed_batch < 1:
-        print("triage-bench: --n and --fixed-batch must be >= 1", file=sys.stderr)
+    if n < 1 or args.fixed_batch < 1 or (args.threads is not None and args.threads < 0):
+        print("triage-bench: --n and --fixed-batch must be >= 1, --threads >= 0", file=sys.stderr)
         return 2
     return run_benchmark(args, n, modes, sweep)
 
@@ -86,14 +89,11 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
-    from worker.bench.modes import MODES, run_mode, warm_up
+    from worker.bench.modes import MODE_ORDER, MODES, run_modes, warm_up
     from worker.engine.task import task_from_settings
 
     t_start = time.perf_counter()
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(settings, args.threads)
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
     clfs = build_classifiers(settings, wl.prompt_tasks(task_from_settings(settings), args.prompt))
     first = clfs[0][1]
@@ -125,11 +125,11 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
     for prompt, clf in clfs:
         items = clf.prepare_valid(list(wk.texts))
         warm_up(clf, items)
-        runs = {}
+        with _bar(args, len(items) * len(modes), f"{prompt}: modes {','.join(str(MODE_ORDER.index(k) + 1) for k in modes)}") as bar:
+            runs = run_modes(clf, items, [MODES[k] for k in modes], args.fixed_batch, not args.no_interleave, bar.update)
         for key in modes:
-            with _bar(args, len(items), f"{prompt} {MODES[key].title}") as bar:
-                runs[key] = run_mode(clf, items, MODES[key], args.fixed_batch, on_batch=bar.update)
-            print(f"  {prompt} {MODES[key].title}: {len(items)} tickets in {runs[key].wall_s:.1f}s", file=sys.stderr, flush=True)
+            print(f"  {prompt} {MODES[key].title}: {len(items)} tickets, {runs[key].wall_s:.1f}s wall, {runs[key].cpu_s:.1f}s CPU",
+                  file=sys.stderr, flush=True)
         base = runs.get("sequential")
         first_runs = first_runs or {k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"}
         summaries = [report.summarize(runs[k], shape, clf.prefix_length, doc["gemm"], base, cpu_clock) for k in modes]
@@ -167,6 +167,18 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
             print(f"plot skipped ({e}); re-plot later: python -m worker.bench.plot {args.json or 'BENCH.json'} {args.plot}")
     print(f"total {doc['total_s']:.0f}s (model load, GEMM, all modes)")
     return 0
+
+
+def _set_threads(settings, threads: int | None) -> None:
+    """Pin torch's intra-op threads when the model runs on the CPU (``0``: leave torch's default)."""
+    import torch
+
+    from worker.engine.device import pick_device
+
+    if threads is None:
+        threads = DEFAULT_CPU_THREADS if pick_device(settings.device).type == "cpu" else 0
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> list[dict]:

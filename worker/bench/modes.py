@@ -6,9 +6,9 @@ and each batch's wall time is seen (progress bar, per-ticket latency).
 
 Latency, as reported: ``batch_ms`` is the wall time of the forward pass that
 produced a ticket's result (batch start -> batch end, shared by all its
-tickets; for the sequential mode, the ticket's own pass). ``done_s`` is the time
-from the start of the mode's run until that ticket's result exists, as for a
-backlog that arrived all at once.
+tickets; for the sequential mode, the ticket's own pass). ``done_s`` is the
+mode's own elapsed time (its batches only, in plan order) until that ticket's
+result exists, as for a backlog that arrived all at once.
 """
 
 from __future__ import annotations
@@ -68,39 +68,66 @@ def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> tuple[list[b
     return bucketing.plan_batches(lengths, clf.max_batch_items, clf.max_batch_tokens), None
 
 
-def run_mode(
+def run_modes(
     clf,
     items: Sequence,
-    spec: ModeSpec,
+    specs: Sequence[ModeSpec],
     fixed_batch: int,
+    interleave: bool = True,
     on_batch: Callable[[int], None] = lambda n: None,
-) -> ModeRun:
-    """Run one mode over ``items``; ``on_batch(batch_size)`` after every forward pass (progress)."""
+) -> dict[str, ModeRun]:
+    """Run several modes over the same ``items``; ``on_batch(batch_size)`` after every forward pass.
+
+    ``interleave``: always run the next batch of the mode that is least far through
+    its planned (computed) tokens, so every mode meets the same load from other
+    processes over the run instead of one mode drawing a quiet minute and another a
+    busy one. Each mode's clocks (wall, CPU, ``done_s``) count only its own batches.
+    """
+    runs = {s.key: _start(clf, items, s, fixed_batch) for s in specs}
+    todo = {k: list(r.batches) for k, r in runs.items()}
+    total = {k: max(1, sum(b.size * max(b.max_len, r.pad_to or 0) for b in r.batches)) for k, r in runs.items()}
+    spent = dict.fromkeys(runs, 0)
+    while any(todo.values()):
+        live = [k for k in runs if todo[k]]
+        key = min(live, key=lambda k: spent[k] / total[k]) if interleave else live[0]
+        b = todo[key].pop(0)
+        _step(clf, items, runs[key], b)
+        spent[key] += b.size * max(b.max_len, runs[key].pad_to or 0)
+        on_batch(b.size)
+    return runs
+
+
+def run_mode(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: Callable[[int], None] = lambda n: None) -> ModeRun:
+    return run_modes(clf, items, [spec], fixed_batch, on_batch=on_batch)[spec.key]
+
+
+def _start(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> ModeRun:
     batches, pad_to = plan(clf, items, spec, fixed_batch)
     run = ModeRun(spec.key, spec.title, spec.cached, pad_to, batches, preds=[None] * len(items))
     run.done_s = [0.0] * len(items)
     run.item_batch_s = [0.0] * len(items)
-    t_start, c_start = time.perf_counter(), time.process_time()
-    for b in batches:
-        chunk = [items[i] for i in b.indices]
-        local = bucketing.Batch(tuple(range(len(chunk))), b.lengths)
-        t0 = time.perf_counter()
-        preds, stats = clf.classify(chunk, batches=[local], prefix_cache=spec.cached, pad_to=pad_to)
-        t1 = time.perf_counter()
-        run.batch_s.append(t1 - t0)
-        for i, p in zip(b.indices, preds):
-            run.preds[i] = p
-            run.done_s[i] = t1 - t_start
-            run.item_batch_s[i] = t1 - t0
-        run.real_tokens += stats.real_tokens
-        run.computed_tokens += stats.padded_tokens
-        on_batch(b.size)
-    run.wall_s = time.perf_counter() - t_start
-    run.cpu_s = time.process_time() - c_start
     run.work_lengths = [len(p.ids) for p in items]
     run.work_tokens = sum(run.work_lengths)
     run.prefix_tokens_recomputed = 0 if spec.cached else clf.prefix_length * len(items)
     return run
+
+
+def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Batch) -> None:
+    """One planned batch through ``Classifier.classify``, timed (wall and process CPU)."""
+    chunk = [items[i] for i in b.indices]
+    local = bucketing.Batch(tuple(range(len(chunk))), b.lengths)
+    c0, t0 = time.process_time(), time.perf_counter()
+    preds, stats = clf.classify(chunk, batches=[local], prefix_cache=run.cached, pad_to=run.pad_to)
+    t1, c1 = time.perf_counter(), time.process_time()
+    run.batch_s.append(t1 - t0)
+    run.wall_s += t1 - t0
+    run.cpu_s += c1 - c0
+    for i, p in zip(b.indices, preds):
+        run.preds[i] = p
+        run.done_s[i] = run.wall_s
+        run.item_batch_s[i] = t1 - t0
+    run.real_tokens += stats.real_tokens
+    run.computed_tokens += stats.padded_tokens
 
 
 def warm_up(clf, items: Sequence) -> None:
