@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "docs/benchmark.md; 0 = torch's default, which is what the worker uses today)")
     m.add_argument("--max-batch-items", type=int, help="modes 4-5: items per pass at most (TRIAGE_MAX_BATCH_ITEMS)")
     m.add_argument("--max-batch-tokens", type=int, help="modes 4-5: padded tokens per pass at most (TRIAGE_MAX_BATCH_TOKENS)")
-    m.add_argument("--fixed-batch", type=int, help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
+    m.add_argument("--fixed-batch", type=int,
+                   help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
     r = p.add_argument_group("what to run")
     r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
     r.add_argument("--no-interleave", action="store_true", help="run modes one after another (default: interleaved batch by batch)")
@@ -86,6 +87,17 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
     except ValidationError as e:
         print(f"triage-bench: invalid settings:\n{e}", file=sys.stderr)
         return 2
+    import torch
+
+    default_threads = torch.get_num_threads()
+    try:
+        _set_threads(settings, args.threads)
+        return _run(args, settings, n, modes, sweep, default_threads)
+    finally:
+        torch.set_num_threads(default_threads)  # leave in-process callers (tests) as they were
+
+
+def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: list[tuple[int, int]], default_threads: int) -> int:
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
@@ -93,7 +105,6 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
     from worker.engine.task import task_from_settings
 
     t_start = time.perf_counter()
-    _set_threads(settings, args.threads)
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
     clfs = build_classifiers(settings, wl.prompt_tasks(task_from_settings(settings), args.prompt))
     first = clfs[0][1]
@@ -105,7 +116,7 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": args.argv,
         "quick": args.quick,
-        "hardware": hardware(first),
+        "hardware": {**hardware(first), "torch_default_threads": default_threads},
         "model": {"name": settings.model, "label": args.model_label, "shape": shape.as_dict(), "labels": list(first.labels)},
         "settings": {"max_batch_items": settings.max_batch_items, "max_batch_tokens": settings.max_batch_tokens,
                      "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens},
@@ -182,22 +193,23 @@ def _set_threads(settings, threads: int | None) -> None:
 
 
 def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> list[dict]:
-    """Mode 5 at each (max_batch_items, max_batch_tokens): where throughput saturates."""
+    """Mode 5 at each (max_batch_items, max_batch_tokens), interleaved like the modes: where throughput saturates."""
     from worker.bench import report
-    from worker.bench.modes import MODES, run_mode
+    from worker.bench.modes import MODES, execute, start
 
-    rows, saved = [], (clf.max_batch_items, clf.max_batch_tokens)
-    try:
-        for max_items, max_tokens in grid:
-            clf.max_batch_items, clf.max_batch_tokens = max_items, max_tokens
-            with _bar(args, len(items), f"sweep items={max_items} tokens={max_tokens}") as bar:
-                run = run_mode(clf, items, MODES["bucketed_cached"], args.fixed_batch, on_batch=bar.update)
-            s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
-            rows.append({"max_batch_items": max_items, "max_batch_tokens": max_tokens, "batches": s["batches"], "wall_s": s["wall_s"],
-                         "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
-                         "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
-    finally:
-        clf.max_batch_items, clf.max_batch_tokens = saved
+    from worker.engine import bucketing
+
+    spec = MODES["bucketed_cached"]
+    lengths = [clf.cost_length(p, True) for p in items]
+    runs = [start(clf, items, spec, bucketing.plan_batches(lengths, i, t), None) for i, t in grid]
+    with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings, interleaved") as bar:
+        execute(clf, items, runs, not args.no_interleave, bar.update)
+    rows = []
+    for (max_items, max_tokens), run in zip(grid, runs):
+        s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
+        rows.append({"max_batch_items": max_items, "max_batch_tokens": max_tokens, "batches": s["batches"], "wall_s": s["wall_s"],
+                     "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
+                     "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
     return rows
 
 

@@ -141,7 +141,8 @@ def measure_gemm(shape: ModelShape, device, dtype, tokens: int, reps: int = 5, m
             total_flops += flops
             total_s += best
             total_cpu += best_cpu
-    return GemmResult(str(dev), str(dtype).replace("torch.", ""), tokens, tuple(rows), total_flops / total_s, total_flops / max(total_cpu, 1e-9))
+    name = str(dtype).replace("torch.", "")
+    return GemmResult(str(dev), name, tokens, tuple(rows), total_flops / total_s, total_flops / max(total_cpu, 1e-9))
 
 
 def _calls_per_rep(fn, sync, min_rep_s: float) -> int:

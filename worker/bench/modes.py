@@ -83,26 +83,33 @@ def run_modes(
     processes over the run instead of one mode drawing a quiet minute and another a
     busy one. Each mode's clocks (wall, CPU, ``done_s``) count only its own batches.
     """
-    runs = {s.key: _start(clf, items, s, fixed_batch) for s in specs}
-    todo = {k: list(r.batches) for k, r in runs.items()}
-    total = {k: max(1, sum(b.size * max(b.max_len, r.pad_to or 0) for b in r.batches)) for k, r in runs.items()}
-    spent = dict.fromkeys(runs, 0)
-    while any(todo.values()):
-        live = [k for k in runs if todo[k]]
-        key = min(live, key=lambda k: spent[k] / total[k]) if interleave else live[0]
-        b = todo[key].pop(0)
-        _step(clf, items, runs[key], b)
-        spent[key] += b.size * max(b.max_len, runs[key].pad_to or 0)
-        on_batch(b.size)
+    runs = {s.key: start(clf, items, s, *plan(clf, items, s, fixed_batch)) for s in specs}
+    execute(clf, items, list(runs.values()), interleave, on_batch)
     return runs
+
+
+def execute(
+    clf, items: Sequence, runs: Sequence[ModeRun], interleave: bool = True, on_batch: Callable[[int], None] = lambda n: None
+) -> None:
+    """Run the planned batches of every run (see ``run_modes`` for the interleaving rule)."""
+    todo = [list(r.batches) for r in runs]
+    total = [max(1, sum(b.size * max(b.max_len, r.pad_to or 0) for b in r.batches)) for r in runs]
+    spent = [0] * len(runs)
+    while any(todo):
+        live = [j for j in range(len(runs)) if todo[j]]
+        j = min(live, key=lambda j: spent[j] / total[j]) if interleave else live[0]
+        b = todo[j].pop(0)
+        _step(clf, items, runs[j], b)
+        spent[j] += b.size * max(b.max_len, runs[j].pad_to or 0)
+        on_batch(b.size)
 
 
 def run_mode(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: Callable[[int], None] = lambda n: None) -> ModeRun:
     return run_modes(clf, items, [spec], fixed_batch, on_batch=on_batch)[spec.key]
 
 
-def _start(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> ModeRun:
-    batches, pad_to = plan(clf, items, spec, fixed_batch)
+def start(clf, items: Sequence, spec: ModeSpec, batches: list[bucketing.Batch], pad_to: int | None) -> ModeRun:
+    """A run of ``spec`` over ``items`` with its batches planned, nothing executed yet."""
     run = ModeRun(spec.key, spec.title, spec.cached, pad_to, batches, preds=[None] * len(items))
     run.done_s = [0.0] * len(items)
     run.item_batch_s = [0.0] * len(items)
@@ -180,7 +187,12 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
         pipe.execute()
         out["enqueue_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "worker", "run", "--drain"], env=env, capture_output=True, text=True, timeout=timeout_s)
+        cmd = [sys.executable, "-m", "worker", "run", "--drain"]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            out["error"] = f"the worker did not drain {len(texts)} tickets within {timeout_s:.0f}s"
+            return out
         out["process_s"] = time.perf_counter() - t0
         out["exit_code"] = proc.returncode
         events = [_json_line(line) for line in proc.stderr.splitlines() + proc.stdout.splitlines()]
@@ -206,6 +218,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
             tokenize_s=sum(b.get("tokenize_ms") or 0 for b in batches) / 1000.0,
             write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
             read_s=sum(b.get("read_ms") or 0 for b in batches) / 1000.0,
+            queue_overhead_pct=100.0 * (wall_s - sum(b.get("infer_ms") or 0 for b in batches) / 1000.0) / wall_s if wall_s > 0 else None,
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
         )

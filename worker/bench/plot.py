@@ -27,9 +27,11 @@ def plot(doc: dict, out: str | Path) -> Path:
     if sweep:
         _sweep(fig.add_subplot(grid[1, 2]), sweep)
     hw, wk = doc["hardware"], doc["workload"]
-    dev = hw.get("device_name") or f"{hw['cpu_model']} CPU, {hw['cpu_cores']} cores, {hw['torch_threads']} torch threads"
+    threads = f"{hw['torch_threads']} torch thread" + ("s" if hw["torch_threads"] != 1 else "")
+    dev = hw.get("device_name") or f"{hw['cpu_model']} CPU, {hw['cpu_cores']} cores, {threads}"
     model = doc["model"].get("label") or doc["model"]["name"]
-    fig.suptitle(f"triage-bench: {model}, {hw['dtype']}, on {dev}  |  the same {wk['n']} tickets in every mode ({wk['source']})", fontsize=12)
+    fig.suptitle(f"triage-bench: {model}, {hw['dtype']}, on {dev}  |  the same {wk['n']} tickets in every mode ({wk['source']})",
+                 fontsize=12)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

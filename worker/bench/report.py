@@ -156,7 +156,7 @@ def sweep_table(rows: Sequence[dict]) -> str:
 def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, settings: dict) -> str:
     hw = hardware
     lines = [
-        f"hardware : {hw['cpu_model']} | {hw['cpu_cores']} cores | torch threads {hw['torch_threads']} | "
+        f"hardware : {hw['cpu_model']} | {hw['cpu_cores']} cores | torch threads {hw['torch_threads']}{_threads_note(hw)} | "
         f"device {hw['device']}{' (' + hw['device_name'] + ')' if hw.get('device_name') else ''} | dtype {hw['dtype']} | "
         f"torch {hw['torch']} | transformers {hw['transformers']}",
         f"model    : {model.get('label') or model['name']} | {model['shape']['layers']} layers, hidden {model['shape']['hidden']}, "
@@ -179,6 +179,13 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
     return "\n".join(lines)
 
 
+def _threads_note(hw: dict) -> str:
+    default = hw.get("torch_default_threads")
+    if hw["device"] != "cpu" or default is None or default == hw["torch_threads"]:
+        return ""
+    return f" (--threads; torch's default, which the worker uses, is {default})"
+
+
 def write_json(path: str | Path, doc: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,7 +200,8 @@ def redis_line(red: dict) -> str:
                       for k, a in red.get("agreement", {}).items())
     return (
         f"6 through Redis + worker: {red['items']} tickets, {_f(red['items_per_s'], 2)} items/s "
-        f"({_f(red.get('vs_mode5'), 2)}x mode 5) over {red['wall_s']:.1f}s from worker_ready to the last result; "
+        f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) over {red['wall_s']:.1f}s from worker_ready to the "
+        f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
         f"{red['worker_batches']} worker batches: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "
         f"process {red['process_s']:.1f}s incl. model load\n  {agree or 'no reference run (needs the few-shot prompt)'}"

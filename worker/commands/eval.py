@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=Path, default=None, help="also score this fitted head (default: TRIAGE_HEAD_PATH)")
     p.add_argument("--max-prompt-labels", type=int, default=30, help="above this many labels only the head is measured")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
+    p.add_argument("--markdown", type=Path, default=None, help="write the results table as Markdown here")
     p.add_argument("--plot", type=Path, default=None, help="write confusion matrices (PNG) here")
     p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
     p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
@@ -88,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
     )
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log)
-    default = evaluation.worker_default(settings, base, settings.head_path)
     report = {
-        "worker_default": next((m["name"] for m in report["methods"] if m["name"].startswith(default)), None),
         "model": settings.model, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
         "input": test_src.description, "train": train_src.description if train_src else None,
         "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),
@@ -99,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_table(report))
     if args.plot and report["methods"]:
         from worker.quality.plot import plot_confusions
 
@@ -151,3 +153,26 @@ def _print_table(report: dict) -> None:
               f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} ECE {c['ece']:.3f} ({c['repeats']}x)", file=out)
     print(f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   ({report['wall_s']} s)",
           file=out)
+
+
+def markdown_table(report: dict) -> str:
+    """The methods table (and learning curve) as Markdown, for docs."""
+    lines = [
+        f"{report['model']} ({report['dtype']}, {report['device']}); test: {report['n_test']} tickets, train: {report['n_train']}",
+        "",
+        "| method | accuracy | macro-F1 | ECE | kept at p>=0.5 (acc) | kept at p>=0.7 (acc) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in report["methods"]:
+        sel = {s["threshold"]: s for s in m["selective"]}
+        cells = [f"{sel[t]['coverage']:.0%} ({sel[t]['accuracy']:.2f})" if sel[t]["accuracy"] is not None else "0%" for t in (0.5, 0.7)]
+        name = m["name"] + (" **(worker default)**" if m["name"] == report.get("worker_default") else "")
+        lines.append(f"| {name} | {m['accuracy']:.3f} | {m['macro_f1']:.3f} | {m['ece']:.3f} | {cells[0]} | {cells[1]} |")
+    if report["learning_curve"]:
+        lines += ["", "| head | " + " | ".join(f"{n}/label" for n in sorted({c['per_label'] for c in report['learning_curve']})) + " |"]
+        shots = sorted({c["per_label"] for c in report["learning_curve"]})
+        lines.append("|---|" + "---|" * len(shots))
+        for key in dict.fromkeys((c["method"], c["pooling"]) for c in report["learning_curve"]):
+            row = {c["per_label"]: c for c in report["learning_curve"] if (c["method"], c["pooling"]) == key}
+            lines.append(f"| {key[0]}/{key[1]} | " + " | ".join(f"{row[n]['accuracy']:.2f}" for n in shots) + " |")
+    return "\n".join(lines) + "\n"

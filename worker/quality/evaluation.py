@@ -119,13 +119,12 @@ def evaluate_all(
             continue
         clf = make_classifier(loaded, task, settings)
         items = clf.prepare_valid(texts)
-        t0 = time.perf_counter()
         p = run_pass(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
-        secs = time.perf_counter() - t0
         passes[name] = (clf, p)
-        info[name] = {"prefix_tokens": clf.prefix_length, "examples": len(task.examples), "seconds": round(secs, 1),
-                      "tickets_per_s": round(len(items) / secs, 1), "prompt_hash": prompt_hash(clf)}
-        log(f"{name}: {len(items)} tickets in {secs:.1f} s (prefix {clf.prefix_length} tokens)")
+        info[name] = {"prefix_tokens": clf.prefix_length, "examples": len(task.examples), "scored": score,
+                      "seconds": round(p.seconds, 1), "tickets_per_s": round(len(items) / p.seconds, 1) if p.seconds else None,
+                      "from_cache": p.cached, "prompt_hash": prompt_hash(clf)}
+        log(f"{name}: {len(items)} tickets in {p.seconds:.1f} s{' (cached)' if p.cached else ''} (prefix {clf.prefix_length} tokens)")
         if not score:
             continue
         for c in cfg.calibrations:
@@ -137,7 +136,10 @@ def evaluate_all(
         heads, curve = _heads(loaded, settings, base, passes[base_name], train, labels, gold, cfg, info, log)
         results += heads
     best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
+    default = worker_default(settings, base, settings.head_path)
+    default = base_name + default[4:] if default.startswith("task") else default
     return {
+        "worker_default": next((m["name"] for m in results if m["name"].startswith(default)), None),
         "labels": labels, "n_test": len(test), "n_train": len(train or []), "seed": cfg.seed, "k": cfg.k,
         "passes": info, "skipped": cfg.skipped, "best": best["name"] if best else None, "methods": results,
         "learning_curve": curve,
@@ -164,12 +166,11 @@ def _heads(loaded, settings, base, task_pass, train, labels, gold, cfg, info, lo
         out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
     curve: list[dict] = []
     if train:
-        t0 = time.perf_counter()
         tr = run_pass(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
                       cache_dir=cfg.cache_dir)
-        secs = time.perf_counter() - t0
-        info["train"] = {"tickets": len(train), "seconds": round(secs, 1), "tickets_per_s": round(len(train) / secs, 1)}
-        log(f"train pass: {len(train)} tickets in {secs:.1f} s")
+        info["train"] = {"tickets": len(train), "seconds": round(tr.seconds, 1), "from_cache": tr.cached,
+                         "tickets_per_s": round(len(train) / tr.seconds, 1) if tr.seconds else None}
+        log(f"train pass: {len(train)} tickets in {tr.seconds:.1f} s{' (cached)' if tr.cached else ''}")
         y = [r.label for r in train]
         out += _fit_and_score("head", tr, y, test_pass, labels, gold, cfg)
         curve = learning_curve(tr, y, test_pass, labels, gold, cfg)
@@ -202,7 +203,7 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
         return "head file"
     if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
         return f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"
-    return prompt
+    return prompt  # prompt variants are named by content: "task" may have been de-duplicated (see evaluate_all)
 
 
 def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ class Pass:
     log_scores: np.ndarray  # [N, J] raw scorer output (before score_bias)
     last: np.ndarray  # [N, H] hidden state at the last real token (end of the answer cue)
     mean: np.ndarray  # [N, H] mean over the ticket + answer-cue tokens
+    seconds: float = 0.0  # forward time when it was computed (also when loaded from the cache)
+    cached: bool = False
 
     def pooled(self, pooling: str) -> np.ndarray:
         return self.mean if pooling == "mean" else self.last
@@ -97,12 +100,15 @@ def run_pass(
     path = Path(cache_dir) / f"pass-{_cache_key(clf, items, score)}.npz" if cache_dir else None
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as z:
-            return Pass(log_scores=z["log_scores"], last=z["last"], mean=z["mean"])
+            secs = float(z["seconds"]) if "seconds" in z.files else 0.0
+            return Pass(log_scores=z["log_scores"], last=z["last"], mean=z["mean"], seconds=secs, cached=True)
+    t0 = time.perf_counter()
     out = _run(clf, items, score, desc, progress)
+    out.seconds = time.perf_counter() - t0
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, log_scores=out.log_scores, last=out.last, mean=out.mean)
+        np.savez(tmp, log_scores=out.log_scores, last=out.last, mean=out.mean, seconds=np.float64(out.seconds))
         tmp.replace(path)
     return out
 
