@@ -36,8 +36,8 @@ class Settings(BaseSettings):
         BUNDLED_MODEL,
         description="HF model id, local directory, .gguf file, or 'bundled:smollm2' (offline SmolLM2-135M-Instruct GGUF).",
     )
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto = CUDA, then MPS, then CPU.")
+    dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field("auto", description="auto = fp16 on GPU; on CPU bf16 if measured faster than fp32, else fp32.")
     torch_threads: int = Field(0, ge=0, description="Intra-op CPU threads (0 = torch default); set when several workers share a host.")
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where converted GGUF weights are cached.")
     labels: str | None = Field(None, description="Comma-separated label names (overrides the default set).")
@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(64, ge=1, description="Tickets drained per read and per forward pass at most.")
     max_batch_tokens: int = Field(8192, ge=1, description="Padded-token budget per forward pass (items x longest).")
     batch_overhead_tokens: int = Field(
-        64, ge=0, description="Fixed cost of one forward call in token-equivalents; trades padding against more calls."
+        32, ge=0, description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs)."
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto", description="'prompt' = label-token scoring; 'head' = fitted head on hidden states; auto = head if head_path set."
@@ -56,31 +56,31 @@ class Settings(BaseSettings):
     head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit`.")
     calibration: Literal["none", "contextual"] = Field("none", description="Prior correction of label scores.")
     confidence_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Below this top probability the label becomes fallback_label.")
-    fallback_label: str = "needs_review"
+    fallback_label: str = Field("needs_review", description="Label written when the top probability is below confidence_threshold.")
 
     # --- redis wiring -----------------------------------------------------
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    input_stream: str = "triage:tickets"
-    results_stream: str = "triage:results"
-    dead_letter_stream: str = "triage:dead"
-    result_key_prefix: str = "triage:result:"
-    result_ttl_s: int = Field(86_400, ge=1)
-    group: str = "triage"
-    consumer: str = Field(default_factory=_default_consumer)
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS); user:password@ supported, masked in logs.")
+    input_stream: str = Field("triage:tickets", description="Stream tickets are read from.")
+    results_stream: str = Field("triage:results", description="Stream results are appended to.")
+    dead_letter_stream: str = Field("triage:dead", description="Stream rejected entries go to, with a reason.")
+    result_key_prefix: str = Field("triage:result:", description="Latest result per ticket id is stored at prefix + id (JSON).")
+    result_ttl_s: int = Field(86_400, ge=1, description="Expiry of the per-ticket result keys.")
+    group: str = Field("triage", description="Consumer group; more workers in the same group share the stream.")
+    consumer: str = Field(default_factory=_default_consumer, description="Consumer name, unique per process.")
     max_wait_ms: int = Field(50, ge=0, description="How long a drain waits to fill a batch.")
     claim_idle_ms: int = Field(60_000, ge=1, description="Reclaim entries idle this long from dead consumers.")
     max_deliveries: int = Field(5, ge=1, description="Entries delivered more often go to the dead-letter stream.")
     max_text_bytes: int = Field(65_536, ge=1, description="Hard cap on a ticket's raw text size.")
     results_maxlen: int = Field(1_000_000, ge=1, description="Approximate MAXLEN of the results stream.")
     dead_letter_maxlen: int = Field(100_000, ge=1, description="Approximate MAXLEN of the dead-letter stream.")
-    heartbeat_key_prefix: str = "triage:heartbeat:"
-    heartbeat_ttl_s: int = Field(30, ge=1)
-    reconnect_max_s: float = Field(10.0, gt=0)
+    heartbeat_key_prefix: str = Field("triage:heartbeat:", description="Heartbeat key = prefix + consumer (for healthcheck).")
+    heartbeat_ttl_s: int = Field(30, ge=1, description="Heartbeat expiry; refreshed every third of it.")
+    reconnect_max_s: float = Field(10.0, gt=0, description="Cap of the reconnect backoff after Redis errors.")
 
     # --- logs -------------------------------------------------------------
-    log_format: Literal["auto", "json", "console"] = "auto"
-    log_level: str = "INFO"
-    log_summary_s: float = Field(30.0, gt=0)
+    log_format: Literal["auto", "json", "console"] = Field("auto", description="auto = console on a terminal, JSON otherwise.")
+    log_level: str = Field("INFO", description="Log level for triage and libraries.")
+    log_summary_s: float = Field(30.0, gt=0, description="Period of the summary log line.")
 
     @field_validator("labels")
     @classmethod

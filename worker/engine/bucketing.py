@@ -59,7 +59,7 @@ def plan_batches(
     lengths: Sequence[int],
     max_batch_items: int,
     max_batch_tokens: int,
-    batch_overhead_tokens: int = 64,
+    batch_overhead_tokens: int = 32,
 ) -> list[Batch]:
     """Sort by length, then cut the sorted run into batches at minimum total cost.
 

@@ -73,7 +73,7 @@ class Classifier:
         prefix_cache: bool = True,
         max_batch_items: int = 64,
         max_batch_tokens: int = 8192,
-        batch_overhead_tokens: int = 64,
+        batch_overhead_tokens: int = 32,
         scorer: Scorer | None = None,
         confidence_threshold: float = 0.0,
         fallback_label: str = "needs_review",
