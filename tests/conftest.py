@@ -19,6 +19,7 @@ import redis  # noqa: E402
 import torch  # noqa: E402
 
 from tests.tiny_model import build_tiny_model  # noqa: E402
+from tests.worker_proc import make_env  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -55,21 +56,4 @@ def key_prefix(redis_url) -> str:
 @pytest.fixture
 def triage_env(tiny_model_dir, redis_url, key_prefix, tmp_path) -> dict[str, str]:
     """Environment for a worker/producer subprocess: tiny model, test-owned streams and keys."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
-    env.update(
-        TRIAGE_MODEL=str(tiny_model_dir),
-        TRIAGE_DEVICE="cpu",
-        TRIAGE_DTYPE="fp32",
-        TRIAGE_CACHE_DIR=str(tmp_path / "cache"),
-        TRIAGE_REDIS_URL=redis_url,
-        TRIAGE_INPUT_STREAM=key_prefix + "tickets",
-        TRIAGE_RESULTS_STREAM=key_prefix + "results",
-        TRIAGE_DEAD_LETTER_STREAM=key_prefix + "dead",
-        TRIAGE_RESULT_KEY_PREFIX=key_prefix + "result:",
-        TRIAGE_HEARTBEAT_KEY_PREFIX=key_prefix + "heartbeat:",
-        TRIAGE_LOG_FORMAT="json",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-    )
-    return env
+    return make_env(tiny_model_dir, redis_url, key_prefix, tmp_path / "cache")

@@ -203,6 +203,8 @@ def make_env(model_dir, redis_url: str, key_prefix: str, cache_dir, **overrides:
         TRIAGE_LOG_FORMAT="json",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",  # workers beside pytest on 2 cores: avoid OpenMP oversubscription
     )
     return env_with(env, **overrides)
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.chaos.redis_server import REDIS_SERVER, RedisServer
 from tests.chaos.zygote import Zygote
-from tests.worker_proc import WorkerProc, start_worker
+from tests.worker_proc import WorkerProc, make_env, start_worker
 
 # fork (default): workers are forked from a server that imported torch once; exec: `python -m worker`
 SPAWN = os.environ.get("TRIAGE_CHAOS_SPAWN", "fork").strip().lower()
@@ -54,23 +54,7 @@ def _base_env() -> dict[str, str]:
 def worker_env(model_dir: Path, server_url: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
     """Environment for worker subprocesses: tiny model on CPU/fp32, JSON logs, streams on ``server_url``."""
     prefix = f"chaos:{uuid.uuid4().hex[:8]}:"
-    env = _base_env()
-    env.update(
-        TRIAGE_MODEL=str(model_dir),
-        TRIAGE_DEVICE="cpu",
-        TRIAGE_DTYPE="fp32",
-        TRIAGE_CACHE_DIR=str(tmp_path / "cache"),
-        TRIAGE_REDIS_URL=server_url,
-        TRIAGE_INPUT_STREAM=prefix + "tickets",
-        TRIAGE_RESULTS_STREAM=prefix + "results",
-        TRIAGE_DEAD_LETTER_STREAM=prefix + "dead",
-        TRIAGE_RESULT_KEY_PREFIX=prefix + "result:",
-        TRIAGE_HEARTBEAT_KEY_PREFIX=prefix + "heartbeat:",
-        TRIAGE_LOG_FORMAT="json",
-        TRIAGE_RECONNECT_MAX_S="2",
-    )
-    env.update({k: str(v) for k, v in overrides.items()})
-    return env
+    return make_env(model_dir, server_url, prefix, tmp_path / "cache", **{"TRIAGE_RECONNECT_MAX_S": "2", **overrides})
 
 
 @pytest.fixture
