@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from worker.engine.classifier import Classifier, softmax
-from worker.engine.configure import ScoringConfigError, apply_scoring_settings, scorer_kind
+from worker.engine.configure import ScoringConfigError, scorer_kind
 from worker.engine.task import Example, default_task
 from worker.quality.calibration import contextual_bias, content_free_items
 from worker.quality.features import run_pass

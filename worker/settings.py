@@ -51,7 +51,8 @@ class Settings(BaseSettings):
         32, ge=0, description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs)."
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
-        "auto", description="'prompt' = label-token scoring; 'head' = fitted head on hidden states; auto = head if head_path set."
+        "auto",
+        description="'prompt' = label-token scoring; 'head' = the head in head_path; auto = head_path if set, else a centroid head fitted on the task's examples (one per label needed), else prompt.",
     )
     head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit`.")
     calibration: Literal["none", "contextual"] = Field("none", description="Prior correction of label scores.")

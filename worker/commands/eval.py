@@ -104,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and report["methods"]:
         from worker.quality.plot import plot_confusions
 
+        try:
+            import matplotlib  # noqa: F401  -- an optional extra
+        except ImportError:
+            print("eval: --plot needs matplotlib (pip install 'triage[plot]'); results were written", file=sys.stderr)
+            return 1
+
         plot_confusions([(m["name"], report["labels"], m["confusion"]) for m in _plot_methods(report["methods"])], args.plot)
     return 0
 

@@ -3,7 +3,7 @@
 A file may carry a ``split`` column (train/test); a label map folds fine labels into
 coarse ones (CLINC150's 150 intents -> its 10 domains, ``oos`` kept as its own label).
 Named sets: ``clinc150-domains:<split>``, ``clinc150:<split>`` and ``banking77:<split>``
-resolve under a data directory (default ``/work/shared/data``, or ``TRIAGE_DATA_DIR``).
+resolve under a data directory (default ``../shared/data`` beside the checkout, or ``TRIAGE_DATA_DIR``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Sequence
 
 from worker.ticket_files import read_tickets
 
-DEFAULT_DATA_DIR = Path("/work/shared/data")
+# The datasets sit in ../shared/data next to the repository checkout.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 class DataError(ValueError):

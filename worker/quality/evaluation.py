@@ -101,6 +101,7 @@ def evaluate_all(
     loaded: LoadedModel, settings, base: Task, test: Sequence[Labelled], train: Sequence[Labelled] | None,
     cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print,
 ) -> dict:
+    """Score every requested method on ``test``; the report is plain JSON-able data."""
     labels = list(base.labels)
     gold = [r.label for r in test]
     texts = [r.text for r in test]
@@ -133,7 +134,7 @@ def evaluate_all(
             results.append(score_method(name if c == "none" else f"{name} +{c}", softmax(p.log_scores - bias), labels, gold, extra))
     curve: list[dict] = []
     if want_head:
-        heads, curve = _heads(loaded, settings, base, passes[base_name], train, labels, gold, cfg, info, log)
+        heads, curve = _heads(base, passes[base_name], train, labels, gold, cfg, info, log)
         results += heads
     best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
     default = worker_default(settings, base, settings.head_path)
@@ -156,12 +157,12 @@ def _bias(kind: str, clf: Classifier, p: Pass) -> np.ndarray:
     raise ValueError(f"unknown calibration {kind!r}")
 
 
-def _heads(loaded, settings, base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[dict], list[dict]]:
+def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[dict], list[dict]]:
     clf, test_pass = task_pass
     out = []
     if cfg.head_file is not None:
         out += _score_head_file(cfg.head_file, clf, test_pass, labels, gold, cfg)
-    if base.examples:  # what the worker could fit at start-up from the task file alone
+    if base.examples and {e.label for e in base.examples} == set(labels):  # what `auto` fits at start-up
         ex = run_pass(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
         out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
     curve: list[dict] = []
