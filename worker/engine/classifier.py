@@ -61,6 +61,15 @@ class RunStats:
     def padding_pct(self) -> float:
         return bucketing.PaddingStats(self.real_tokens, self.padded_tokens).padding_pct
 
+    def merge(self, other: "RunStats") -> None:
+        """Add another run's batch counters (not ``items``) into this one."""
+        self.batches += other.batches
+        self.real_tokens += other.real_tokens
+        self.padded_tokens += other.padded_tokens
+        self.prefix_tokens_reused += other.prefix_tokens_reused
+        self.infer_ms += other.infer_ms
+        self.batch_sizes.extend(other.batch_sizes)
+
 
 class Classifier:
     def __init__(

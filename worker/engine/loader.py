@@ -62,7 +62,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local)
     model.to(device)
-    model.train(False)  # inference mode for dropout etc. (same as .eval())
+    model.train(False)  # inference mode: dropout off
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(source))
 
 

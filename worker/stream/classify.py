@@ -34,10 +34,5 @@ def classify_isolated(classify: ClassifyFn, items: Sequence[Prepared]) -> tuple[
             out.append(e)
             continue
         out.append(preds[0])
-        total.batches += stats.batches
-        total.real_tokens += stats.real_tokens
-        total.padded_tokens += stats.padded_tokens
-        total.prefix_tokens_reused += stats.prefix_tokens_reused
-        total.infer_ms += stats.infer_ms
-        total.batch_sizes.extend(stats.batch_sizes)
+        total.merge(stats)
     return out, total, len(items)
