@@ -170,11 +170,17 @@ def start_worker(env: dict[str, str], *args: str, ready: bool = True, timeout_s:
     """Start ``python -m worker <args>`` (default ``run``); wait for "worker_ready" unless ``ready=False``."""
     w = WorkerProc(env, *args).start()
     if ready:
-        try:
-            w.wait_ready(timeout_s)
-        except BaseException:
-            w.kill()
-            raise
+        wait_ready_or_kill(w, timeout_s)
+    return w
+
+
+def wait_ready_or_kill(w, timeout_s: float):
+    """Wait for a started worker's "worker_ready"; kill it if it never gets there (no stray processes)."""
+    try:
+        w.wait_ready(timeout_s)
+    except BaseException:
+        w.kill()
+        raise
     return w
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.chaos.redis_server import REDIS_SERVER, RedisServer
 from tests.chaos.zygote import Zygote
-from tests.worker_proc import WorkerProc, make_env, start_worker
+from tests.worker_proc import WorkerProc, make_env, start_worker, wait_ready_or_kill
 
 # fork (default): workers are forked from a server that imported torch once; exec: `python -m worker`
 SPAWN = os.environ.get("TRIAGE_CHAOS_SPAWN", "fork").strip().lower()
@@ -104,11 +104,7 @@ def launch(_zygote):
         else:
             w = ForkedWorker(_zygote(), env, *args).start()
             if ready:
-                try:
-                    w.wait_ready(timeout_s)
-                except BaseException:
-                    w.kill()
-                    raise
+                wait_ready_or_kill(w, timeout_s)
         started.append(w)
         return w
 
