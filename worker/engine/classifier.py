@@ -16,11 +16,12 @@ import torch
 
 from worker.engine import bucketing
 from worker.engine.device import dtype_name, pick_device, pick_dtype
-from worker.engine.forward import PrefixKV, compute_prefix, run_forward
+from worker.engine.encoder import run_encoder
+from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
 from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel, load_model
-from worker.engine.prompt import PromptTemplate, build_template
-from worker.engine.scoring import PromptScorer, Scorer
+from worker.engine.prompt import PromptTemplate, build_template, encoder_template
+from worker.engine.scoring import HeadRequired, PromptScorer, Scorer
 from worker.engine.task import Task, task_from_settings
 
 
@@ -30,9 +31,10 @@ class InvalidTicket(ValueError):
 
 @dataclass(frozen=True)
 class Prepared:
-    ids: tuple[int, ...]  # suffix: ticket text tokens + answer cue
+    ids: tuple[int, ...]  # suffix: ticket text tokens + answer cue ([CLS] text [SEP] for an encoder)
     n_text_tokens: int
     truncated: bool
+    aux_ids: tuple[int, ...] = ()  # joined features: the same ticket as the encoder's [CLS] text [SEP]
 
 
 @dataclass(frozen=True)
@@ -86,24 +88,41 @@ class Classifier:
         scorer: Scorer | None = None,
         confidence_threshold: float = 0.0,
         fallback_label: str = "needs_review",
+        encoder: LoadedModel | None = None,
+        head_prompt: str = "task",
     ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.model_name = loaded.name
+        self.kind = loaded.kind  # "decoder" | "encoder"
+        self.encoder = encoder  # joined features: a second (encoder) backbone run on the same passes
+        if encoder is not None and (loaded.kind != "decoder" or encoder.kind != "encoder"):
+            raise ValueError(f"joined features need a causal LM plus an encoder, got {loaded.kind} + {encoder.kind}")
+        self.model_name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
         self.task = task
-        self.max_input_tokens = max_input_tokens
+        self.head_prompt = head_prompt if self.kind == "decoder" else None  # "task" | "labels": the prompt the states come from
+        self.max_input_tokens = _fit_length(max_input_tokens, loaded, 2) if self.kind == "encoder" else max_input_tokens
         self.truncate = truncate
-        self.use_prefix_cache = prefix_cache
+        self.use_prefix_cache = prefix_cache and self.kind == "decoder"  # bidirectional: no prefix to cache
         self.max_batch_items = max_batch_items
         self.max_batch_tokens = max_batch_tokens
         self.batch_overhead_tokens = batch_overhead_tokens
         self.confidence_threshold = confidence_threshold
         self.fallback_label = fallback_label
-        self.template: PromptTemplate = build_template(self.tokenizer, task)
+        if self.kind == "encoder":
+            self.template: PromptTemplate = encoder_template(self.tokenizer)
+        else:
+            self.template = build_template(self.tokenizer, task.labels_only() if head_prompt == "labels" else task)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if encoder is not None:
+            self.aux_template = encoder_template(encoder.tokenizer)
+            self.aux_max_tokens = _fit_length(max_input_tokens, encoder, len(self.aux_template.lead_ids) + len(self.aux_template.tail_ids))
+            self.aux_pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
+        if scorer is None and (self.kind == "encoder" or encoder is not None):
+            scorer = HeadRequired(task.labels, f"{self.model_name} has no label tokens to score: it needs a head "
+                                  "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)")
         self.scorer: Scorer = scorer or PromptScorer(self.model, LabelTokens.build(self.tokenizer, task.labels, self.template.label_lead))
         self.score_bias = np.zeros(len(task.labels), dtype=np.float64)  # calibration: subtracted from log-scores
-        self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if prefix_cache else None
+        self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if self.use_prefix_cache else None
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -113,9 +132,16 @@ class Classifier:
         device = pick_device(settings.device)
         dtype = pick_dtype(device, settings.dtype)
         loaded = load_model(settings.model, device, dtype, settings.cache_dir)
+        encoder = load_model(settings.encoder, device, dtype, settings.cache_dir) if getattr(settings, "encoder", None) else None
+        task = task or task_from_settings(settings)
+        from worker.engine.configure import planned_scorer  # head / calibration (optional features)
+
+        head = planned_scorer(settings, task, loaded.kind, loaded.name + (f"+{encoder.name}" if encoder else "")) == "head"
         clf = cls(
             loaded,
-            task or task_from_settings(settings),
+            task,
+            encoder=encoder,
+            head_prompt=getattr(settings, "head_prompt", "task") if head else "task",
             max_input_tokens=settings.max_input_tokens,
             truncate=settings.truncate,
             prefix_cache=settings.prefix_cache,
@@ -125,7 +151,7 @@ class Classifier:
             confidence_threshold=settings.confidence_threshold,
             fallback_label=settings.fallback_label,
         )
-        from worker.engine.configure import apply_scoring_settings  # head / calibration (optional features)
+        from worker.engine.configure import apply_scoring_settings
 
         apply_scoring_settings(clf, settings)
         return clf
@@ -137,6 +163,17 @@ class Classifier:
     @property
     def prefix_length(self) -> int:
         return len(self.template.prefix_ids)
+
+    @property
+    def feature_dim(self) -> int:
+        """Width of the pooled states a head sees (joined: the LM's, then the encoder's)."""
+        return self.model.config.hidden_size + (self.encoder.model.config.hidden_size if self.encoder is not None else 0)
+
+    @property
+    def feature_blocks(self) -> tuple[int, ...]:
+        """Widths of the pooled states per backbone (a head normalizes each block on its own)."""
+        own = (self.model.config.hidden_size,)
+        return own + ((self.encoder.model.config.hidden_size,) if self.encoder is not None else ())
 
     @property
     def device(self) -> torch.device:
@@ -157,8 +194,10 @@ class Classifier:
         if not todo:
             return out
         enc = self.tokenizer([texts[i] for i in todo], add_special_tokens=False)["input_ids"]
-        tail = self.template.tail_ids
-        for i, ids in zip(todo, enc):
+        aux = (self.encoder.tokenizer([texts[i] for i in todo], add_special_tokens=False)["input_ids"]
+               if self.encoder is not None else [()] * len(todo))
+        lead, tail = self.template.lead_ids, self.template.tail_ids
+        for i, ids, aux_ids in zip(todo, enc, aux):
             n = len(ids)
             if n > self.max_input_tokens:
                 if not self.truncate:
@@ -167,7 +206,13 @@ class Classifier:
                     )
                     continue
                 ids = ids[: self.max_input_tokens]
-            out[i] = Prepared(ids=tuple(ids) + tail, n_text_tokens=min(n, self.max_input_tokens), truncated=n > self.max_input_tokens)
+            aux_row = ()
+            if self.encoder is not None:
+                t = self.aux_template
+                aux_row = t.lead_ids + tuple(aux_ids[: self.aux_max_tokens]) + t.tail_ids
+            out[i] = Prepared(ids=lead + tuple(ids) + tail, n_text_tokens=min(n, self.max_input_tokens),
+                              truncated=n > self.max_input_tokens or len(aux_ids) > getattr(self, "aux_max_tokens", len(aux_ids)),
+                              aux_ids=aux_row)
         return out
 
     def prepare_valid(self, texts: Sequence[str]) -> list[Prepared]:
@@ -182,7 +227,7 @@ class Classifier:
     def cost_length(self, p: Prepared, prefix_cache: bool | None = None) -> int:
         """Tokens the forward pass computes for this ticket (the prefix too when it is not cached)."""
         cached = self.use_prefix_cache if prefix_cache is None else prefix_cache
-        return len(p.ids) + (0 if cached else self.prefix_length)
+        return len(p.ids) + (0 if cached else self.prefix_length) + len(p.aux_ids)
 
     def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None) -> list[bucketing.Batch]:
         """Length buckets for ``items`` under this classifier's batch caps."""
@@ -196,7 +241,10 @@ class Classifier:
     # ---------------------------------------------------------------- forward
     def run_batch(self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None) -> np.ndarray:
         """One forward pass for ``items`` (padded to their own longest, or ``pad_to``); returns [B, J] log-scores."""
-        cached = self.use_prefix_cache if prefix_cache is None else prefix_cache
+        if self.kind == "encoder":
+            fwd = run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to)
+            return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+        cached = (self.use_prefix_cache if prefix_cache is None else prefix_cache) and self.kind == "decoder"
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
         if cached:
@@ -213,6 +261,8 @@ class Classifier:
             pool_from=pool_from,
             pad_to=pad_to,
         )
+        if self.encoder is not None:
+            fwd = _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_pad_id))
         return self.scorer.scores(self.model, fwd).double().cpu().numpy()
 
     # ------------------------------------------------------------ postprocess
@@ -264,6 +314,20 @@ class Classifier:
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]
+
+
+def _fit_length(max_input_tokens: int, loaded: LoadedModel, specials: int) -> int:
+    """Ticket tokens an encoder can take: its position limit less its special tokens."""
+    return max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
+
+
+def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
+    """The LM's pooled states with the encoder's appended (float32); the LM's cache and positions kept."""
+    return ForwardOut(
+        h_last=torch.cat([lm.h_last.float(), enc.h_last.float()], dim=1),
+        h_mean=torch.cat([lm.h_mean.float(), enc.h_mean.float()], dim=1) if lm.h_mean is not None else None,
+        cache=lm.cache, attention_mask=lm.attention_mask, next_pos=lm.next_pos,
+    )
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

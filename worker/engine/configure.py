@@ -19,6 +19,7 @@ Kept apart from the classifier so the core engine has no knowledge of them:
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from worker.quality.head import HeadScorer
 
@@ -33,15 +34,49 @@ class ScoringConfigError(ValueError):
     pass
 
 
+def planned_scorer(settings, task, kind: str, model_name: str) -> str:
+    """``head`` or ``prompt``: what ``apply_scoring_settings`` will install (the prompt a head reads depends on it)."""
+    scorer = getattr(settings, "scorer", "prompt")
+    if scorer == "prompt":
+        return "prompt"
+    if scorer == "head" or getattr(settings, "head_path", None) is not None or kind != "decoder" or "+" in model_name:
+        return "head"
+    if shipped_head_for(model_name, task) is not None:
+        return "head"
+    return "head" if not set(task.labels) - {e.label for e in task.examples} else "prompt"
+
+
+def shipped_head_for(model_name: str, task):
+    """The head shipped in the package for this model and the built-in support task, if any."""
+    from worker.engine.task import default_task
+    from worker.heads import shipped_head_path
+
+    if task.labels != default_task().labels or task.instructions != default_task().instructions:
+        return None
+    return shipped_head_path(model_name)
+
+
 def apply_scoring_settings(clf, settings) -> None:
     scorer = getattr(settings, "scorer", "prompt")
     head_path = getattr(settings, "head_path", None)
+    needs_head = clf.kind != "decoder" or clf.encoder is not None
     if scorer == "head" and head_path is None:
         raise ScoringConfigError("TRIAGE_SCORER=head needs TRIAGE_HEAD_PATH (a head fitted by `triage-worker fit`)")
+    if scorer == "prompt" and needs_head:
+        raise ScoringConfigError(f"TRIAGE_SCORER=prompt needs a causal LM's label tokens; {clf.model_name} has none "
+                                 "(use TRIAGE_SCORER=auto or head with a head fitted by `triage-worker fit`)")
+    shipped = shipped_head_for(clf.model_name, clf.task) if scorer == "auto" and head_path is None else None
+    if shipped is not None and not _try_shipped(clf, shipped):
+        shipped = None
     if scorer in ("head", "auto") and head_path is not None:
         use_head(clf, head_path)
+    elif shipped is not None:
+        pass
     elif scorer == "auto":
         missing = sorted(set(clf.labels) - {e.label for e in clf.task.examples})
+        if missing and needs_head:
+            raise ScoringConfigError(f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) or give "
+                                     f"the task an example for every label (none for {missing})")
         if missing:
             log.info("scorer: prompt (no task examples for %s; a head needs one per label)", missing)
         else:
@@ -83,6 +118,22 @@ def use_head(clf, path) -> None:
     head.check(clf)  # HeadMismatch (a ValueError) says what differs
     clf.scorer = HeadScorer(head.reordered(clf.labels), device=clf.device)
     log.info("scorer head loaded: %s (%s, %s pooling, %s training tickets)", path, head.method, head.pooling, head.meta.get("n_train"))
+
+
+def _try_shipped(clf, path) -> bool:
+    """Install the packaged default head when it fits this classifier (model, prompt, labels); else say why not."""
+    from worker.quality.head import Head, HeadMismatch
+
+    head = Head.load(path)
+    try:
+        head.check(clf)
+    except HeadMismatch as e:
+        log.info("shipped default head not used: %s", e)
+        return False
+    clf.scorer = HeadScorer(head.reordered(clf.labels), device=clf.device)
+    log.info("scorer: shipped default head %s (%s/%s, fitted on %s labelled support tickets; docs/quality.md)",
+             Path(path).name, head.method, head.pooling, head.meta.get("n_train"))
+    return True
 
 
 def scorer_kind(clf) -> str:

@@ -76,3 +76,17 @@ class PromptScorer:
         logits = model.get_output_embeddings()(out.last_hidden_state).float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
         return (logp * valid).sum(-1).view(b, m)
+
+
+class HeadRequired:
+    """The scorer of a backbone without label tokens (an encoder, joined features) until a head is set."""
+
+    needs_cache = False
+    needs_mean = True
+
+    def __init__(self, names: tuple[str, ...], why: str):
+        self.names = names
+        self.why = why
+
+    def scores(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
+        raise RuntimeError(self.why)
