@@ -3,6 +3,7 @@
   triage-worker fit --input TRAIN --out head.safetensors          # head for the configured task
   triage-worker fit --input TRAIN --examples-out task.yaml --k 2  # task file with k examples per label
   (both at once: the head is fitted for the new task file's prompt)
+  triage-worker fit --default-head                                # refit the shipped default head (make default-head)
 
 The head is tied to the model and the exact prompt (instructions, descriptions,
 examples) it was fitted with; the worker refuses a head that does not match.
@@ -20,7 +21,10 @@ HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="labelled JSONL/CSV (text, label), or a named set like banking77:train")
+    p.add_argument("--input", default=None, help="labelled JSONL/CSV (text, label), or a named set like banking77:train")
+    p.add_argument("--default-head", action="store_true",
+                   help="refit the shipped default head for TRIAGE_MODEL (+ TRIAGE_ENCODER) by its fixed recipe "
+                   "(project's support tickets, fp32, one thread); --out defaults to the file inside the package")
     p.add_argument("--split", default=None, help="only rows whose 'split' field equals this")
     p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to the labels")
     p.add_argument("--out", type=Path, default=None, help="write the fitted head here (.safetensors)")
@@ -43,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from worker.quality.fewshot import pick_examples, write_task_file
     from worker.settings import Settings
 
+    if args.default_head:
+        return _default_head(args)
+    if args.input is None:
+        print("fit: --input is required (or --default-head)", file=sys.stderr)
+        return 2
     if args.out is None and args.examples_out is None:
         print("fit: nothing to do: give --out (a head) and/or --examples-out (a task file)", file=sys.stderr)
         return 2
@@ -112,3 +121,42 @@ def _fit(args, settings, task, rows) -> None:
     print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets ({secs:.0f} s forward) -> {args.out}")
     env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
     print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")
+
+
+def _default_head(args: argparse.Namespace) -> int:
+    """The shipped head's fixed recipe (worker/quality/default_head.py) for the configured model (+ encoder)."""
+    import torch
+
+    from worker.engine.classifier import Classifier
+    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.loader import load_model
+    from worker.engine.task import default_task
+    from worker.heads import HEADS_DIR, SHIPPED
+    from worker.logs import configure_logging
+    from worker.quality.default_head import DTYPE, model_file_hash, refit
+    from worker.settings import Settings
+
+    settings = Settings(**{k: v for k, v in (("model", args.model), ("device", args.device or "cpu"),
+                                             ("dtype", args.dtype or DTYPE)) if v is not None})
+    configure_logging(settings.log_format, settings.log_level)
+    torch.set_num_threads(1)  # summation order fixed: the same machine refits the same bytes
+    device = pick_device(settings.device)
+    dtype = pick_dtype(device, settings.dtype)
+    loaded = load_model(settings.model, device, dtype, settings.cache_dir)
+    encoder = load_model(settings.encoder, device, dtype, settings.cache_dir) if settings.encoder else None
+    clf = Classifier(loaded, default_task(), encoder=encoder, head_prompt=settings.head_prompt,
+                     max_input_tokens=settings.max_input_tokens)
+    out = args.out
+    if out is None:
+        if clf.model_name not in SHIPPED:
+            print(f"fit: no shipped head file for {clf.model_name!r} (known: {sorted(SHIPPED)}); give --out", file=sys.stderr)
+            return 2
+        out = HEADS_DIR / SHIPPED[clf.model_name]
+    parts = ["triage-worker fit --default-head"]
+    parts += [f"TRIAGE_MODEL={settings.model}"] + ([f"TRIAGE_ENCODER={settings.encoder}"] if settings.encoder else [])
+    parts += [f"TRIAGE_HEAD_PROMPT={settings.head_prompt}", f"--dtype {clf.dtype_name}"]
+    hashes = [model_file_hash(m.name, m.source) for m in (loaded, encoder) if m is not None]
+    head = refit(clf, " ".join(parts), model_sha256="+".join(h or "-" for h in hashes))
+    head.save(out)
+    print(f"wrote {out} ({clf.model_name}, {settings.head_prompt} prompt, {clf.dtype_name})")
+    return 0
