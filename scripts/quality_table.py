@@ -27,7 +27,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="side-by-side label quality table")
     ap.add_argument("--suites", default="support,clinc150-domains,banking77")
     ap.add_argument("--head-prompt", choices=["labels", "task"], default=None, help="default: TRIAGE_HEAD_PROMPT")
-    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="bf16",
+                    help="bf16 (default): what TRIAGE_DTYPE=auto picks on an idle AVX512-BF16 CPU; pinned, since auto "
+                    "measures the CPU at start-up and can pick fp32 on a loaded machine")
     ap.add_argument("--cache-dir", type=Path, default=Path("out/quality-cache/features"))
     ap.add_argument("--no-prompt-table", action="store_true", help="skip the labels-vs-task head prompt table")
     ap.add_argument("--no-tfidf", action="store_true", help="skip the TF-IDF floor (no scikit-learn needed)")

