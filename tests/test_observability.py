@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.worker_proc import REPO, WorkerProc, delete_keys, env_with, make_env, run_cli, start_worker
 from tests.worker_proc import wait_ready_or_kill, wait_settled
 from worker import __version__
+from worker.stream.reader import Reader
 
 GOOD_TEXTS = ["I was charged twice", "app crashes on start", "password reset email never arrives",
               "where is my parcel?"]
@@ -164,7 +165,7 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
     for w in group.workers.values():
         w.signal(signal.SIGSTOP)  # alive (heartbeat fresh for 120 s) but reading nothing: new tickets stay backlog
     try:
-        time.sleep(1.5)  # let their last XREADGROUP BLOCK (0.5 s at most) time out inside Redis
+        time.sleep(3 * Reader.IDLE_BLOCK_MS / 1000)  # let their last XREADGROUP BLOCK time out inside Redis
         late = [r.xadd(stream, {"id": f"late-{i}", "text": "refund please"}) for i in range(5)]
         snap = run_cli(env, "status", "--json", "--window-s", "600")
         text = run_cli(env, "status", "--window-s", "600")

@@ -62,7 +62,7 @@ def _written() -> Outcome:
     return Outcome(
         results=[{"stream_id": "1-0", "latency_ms": "1500.0", "tokens": "7"},
                  {"stream_id": "2-0", "latency_ms": "20.5", "tokens": "9"}],
-        dead_letters=[{"stream_id": "3-0", "reason": "text is empty (or only whitespace); there is nothing to classify"}],
+        dead_letters=[{"stream_id": "3-0", "reason": "text is empty (or only whitespace); nothing to classify"}],
         ack_ids=["1-0", "2-0", "3-0"],
     )
 
@@ -102,7 +102,8 @@ def test_phase_is_one_hot_and_unknown_phases_do_not_raise():
     m.set_phase("waiting-for-gpu")
     v = m.registry.get_sample_value
     assert v("triage_worker_phase", {"phase": "waiting-for-gpu"}) == 1
-    assert v("triage_worker_phase", {"phase": "inferring"}) == 0 and v("triage_worker_phase", {"phase": "starting"}) == 0
+    assert v("triage_worker_phase", {"phase": "inferring"}) == 0
+    assert v("triage_worker_phase", {"phase": "starting"}) == 0
 
 
 def test_metrics_off_hooks_accept_the_same_calls():

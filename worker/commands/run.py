@@ -79,7 +79,8 @@ def _start_metrics(settings, log) -> bool:
         prometheus.start(settings.metrics_host, settings.metrics_port)
     except OSError as e:
         log.error("metrics_unavailable", host=settings.metrics_host, port=settings.metrics_port, error=str(e),
-                  fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); 0 turns metrics off")
+                  fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); "
+                  "0 turns metrics off")
         return False
     log.info("metrics_serving", url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
     return True
