@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: int = Field(30, ge=1, description="Heartbeat expiry; refreshed every third of it.")
     reconnect_max_s: float = Field(10.0, gt=0, description="Cap of the reconnect backoff after Redis errors.")
 
+    # --- metrics (worker/observability/prometheus.py) ----------------------
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="Serve Prometheus metrics on this port at /metrics (0 = off; 9108 is the documented choice)."
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address the metrics server binds (127.0.0.1 = this host only).")
+
     # --- logs -------------------------------------------------------------
     log_format: Literal["auto", "json", "console"] = Field("auto", description="auto = console on a terminal, JSON otherwise.")
     log_level: str = Field("INFO", description="Log level for triage and libraries.")
