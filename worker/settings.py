@@ -48,7 +48,9 @@ def _default_consumer() -> str:
 class Settings(BaseSettings):
     """Every knob of the worker, engine and its Redis wiring (``TRIAGE_<NAME>``)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", protected_namespaces=(), validate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", protected_namespaces=(), validate_by_name=True
+    )
 
     # --- model / engine -------------------------------------------------
     model: str = Field(

@@ -135,7 +135,8 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         "hardware": {**hardware(first), "torch_default_threads": default_threads},
         "model": {"name": settings.model, "label": args.model_label, "shape": shape.as_dict(), "labels": list(first.labels)},
         "settings": {"pass_max_items": settings.pass_max_items, "pass_max_tokens": settings.pass_max_tokens,
-                     "pass_overhead_tokens": settings.pass_overhead_tokens, "window_max_items": settings.window_max_items,
+                     "pass_overhead_tokens": settings.pass_overhead_tokens,
+                     "window_max_items": settings.window_max_items,
                      "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens,
                      "scorer": first.scorer.kind, "prefix_cache": settings.prefix_cache},
         "workload": {
@@ -207,13 +208,15 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> lis
 
     spec = MODES["bucketed_cached"]
     lengths = [clf.cost_length(p, True) for p in items]
-    runs = [start(clf, items, spec, bucketing.plan_passes(lengths, i, t, clf.options.pass_overhead_tokens), None) for i, t in grid]
+    overhead = clf.options.pass_overhead_tokens
+    runs = [start(clf, items, spec, bucketing.plan_passes(lengths, i, t, overhead), None) for i, t in grid]
     with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings, interleaved") as bar:
         execute(clf, items, runs, not args.no_interleave, bar.update)
     rows = []
     for (max_items, max_tokens), run in zip(grid, runs):
         s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
-        rows.append({"pass_max_items": max_items, "pass_max_tokens": max_tokens, "passes": s["passes"], "wall_s": s["wall_s"],
+        rows.append({"pass_max_items": max_items, "pass_max_tokens": max_tokens, "passes": s["passes"],
+                     "wall_s": s["wall_s"],
                      "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
                      "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
     return rows

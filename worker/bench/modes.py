@@ -223,7 +223,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
 
 
 def redis_namespace(settings, ns: str, dtype_name: str):
-    """``settings`` with the bench's own keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
+    """``settings`` with the bench's keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
     return settings.model_copy(update={
         "input_stream": ns + "tickets", "results_stream": ns + "results", "dead_letter_stream": ns + "dead",
         "result_key_prefix": ns + "result:", "heartbeat_key_prefix": ns + "heartbeat:", "group": "bench",

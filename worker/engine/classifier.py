@@ -61,9 +61,13 @@ class Classifier:
         self.template: PromptTemplate = build_template(self.tokenizer, task)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._set_scoring(scorer, score_bias)
-        self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if self.options.prefix_cache else None
+        self._prefix: PrefixKV | None = None
+        if self.options.prefix_cache:
+            self._prefix = compute_prefix(self.model, self.template.prefix_ids)
 
-    def with_scoring(self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None) -> "Classifier":
+    def with_scoring(
+        self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None
+    ) -> "Classifier":
         """A new classifier on the same model, task, options and prompt-prefix cache with another scorer / bias.
 
         ``None`` means what the constructor means: prompt scoring, no bias. This object is left as it is.
@@ -75,7 +79,9 @@ class Classifier:
     def _set_scoring(self, scorer: Scorer | None, score_bias) -> None:
         if scorer is not None and tuple(scorer.names) != self.labels:
             raise ValueError(f"scorer labels {list(scorer.names)} != task labels {list(self.labels)}")
-        self.scorer: Scorer = scorer or PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
+        if scorer is None:
+            scorer = PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
+        self.scorer: Scorer = scorer
         bias = np.zeros(len(self.labels)) if score_bias is None else np.asarray(score_bias, dtype=np.float64)
         if bias.shape != (len(self.labels),):
             raise ValueError(f"score_bias needs one value per label ({len(self.labels)}), got shape {bias.shape}")
@@ -139,12 +145,13 @@ class Classifier:
     def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None) -> list[bucketing.Pass]:
         """Length buckets for ``items`` under this classifier's per-pass caps."""
         o = self.options
-        return bucketing.plan_passes(
-            [self.cost_length(p, prefix_cache) for p in items], o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens
-        )
+        lengths = [self.cost_length(p, prefix_cache) for p in items]
+        return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens)
 
     # ---------------------------------------------------------------- forward
-    def run_pass(self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None) -> np.ndarray:
+    def run_pass(
+        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None
+    ) -> np.ndarray:
         """One forward call for ``items`` (padded to their own longest, or ``pad_to``); returns [B, J] log-scores."""
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
