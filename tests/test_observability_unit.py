@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from worker.engine.types import PassStats, RunStats
 from worker.observability.prometheus import Metrics, PrometheusMetrics
 from worker.observability.reasons import REASON_CLASSES, reason_class
 from worker.observability.status import _worker
@@ -67,9 +67,17 @@ def _written() -> Outcome:
     )
 
 
+def _run(passes: list[tuple[int, int, float]]) -> RunStats:
+    """A RunStats made of passes (items, padded tokens, infer ms), as the engine builds it."""
+    run = RunStats()
+    for items, padded, infer_ms in passes:
+        run.add(PassStats(items=items, real_tokens=padded, padded_tokens=padded, infer_ms=infer_ms))
+    return run
+
+
 def test_observe_batch_feeds_every_metric_from_todays_loop_objects():
     m = PrometheusMetrics(CollectorRegistry())
-    m.observe_batch(_window_metrics(), SimpleNamespace(batch_sizes=[1, 1]), _written())
+    m.observe_batch(_window_metrics(), _run([(1, 5, 100.0), (1, 5, 200.0)]), _written())
     v = m.registry.get_sample_value
     assert v("triage_request_count_total") == 3 and v("triage_request_success_total") == 2
     assert v("triage_request_failure_total", {"reason": "empty_text"}) == 1
@@ -80,7 +88,7 @@ def test_observe_batch_feeds_every_metric_from_todays_loop_objects():
     assert v("triage_window_size_sum") == 3 and v("triage_window_entries_total", {"source": "claimed"}) == 3
     assert v("triage_window_inference_duration_seconds_sum") == pytest.approx(0.3)
     assert v("triage_batch_next_size_count") == 2 and v("triage_batch_next_size_sum") == 2
-    assert v("triage_batch_inference_duration_seconds_count") == 0  # today's RunStats has no per-pass times
+    assert v("triage_batch_inference_duration_seconds_count") == 2
     assert v("triage_real_tokens_total") == 40 and v("triage_padded_tokens_total") == 50
     assert v("triage_queue_size") == 7 and v("triage_queue_pending") == 9
     assert v("triage_worker_phase", {"phase": "reading"}) == 1 and v("triage_worker_phase", {"phase": "starting"}) == 0
@@ -88,9 +96,7 @@ def test_observe_batch_feeds_every_metric_from_todays_loop_objects():
 
 def test_per_pass_records_feed_pass_tokens_and_durations():
     m = PrometheusMetrics(CollectorRegistry())
-    passes = [SimpleNamespace(items=3, padded_tokens=48, infer_ms=120.0), SimpleNamespace(items=1, padded_tokens=9,
-                                                                                         infer_ms=15.0)]
-    m.observe_batch(_window_metrics(), SimpleNamespace(passes=passes, batch_sizes=[3, 1]), _written())
+    m.observe_batch(_window_metrics(), _run([(3, 48, 120.0), (1, 9, 15.0)]), _written())
     v = m.registry.get_sample_value
     assert v("triage_batch_next_size_sum") == 4 and v("triage_batch_next_tokens_sum") == 57
     assert v("triage_batch_inference_duration_seconds_sum") == pytest.approx(0.135)
@@ -110,7 +116,7 @@ def test_metrics_off_hooks_accept_the_same_calls():
     off = Metrics()
     off.set_phase("inferring")
     off.set_model(model="m", device="cpu", dtype="fp32", consumer="c")
-    off.observe_batch(_window_metrics(), SimpleNamespace(batch_sizes=[2]), _written())
+    off.observe_batch(_window_metrics(), _run([(2, 8, 1.0)]), _written())
     off.reconnected()
     assert not off.enabled
 

@@ -89,6 +89,7 @@ class RunStats:
     prefix_tokens_reused: int = 0
     infer_ms: float = 0.0
     pass_sizes: list[int] = field(default_factory=list)  # items per pass, in run order
+    pass_stats: list[PassStats] = field(default_factory=list)  # each pass's own record, in run order
 
     @property
     def padding_pct(self) -> float:
@@ -103,6 +104,7 @@ class RunStats:
         self.prefix_tokens_reused += p.prefix_tokens_reused
         self.infer_ms += p.infer_ms
         self.pass_sizes.append(p.items)
+        self.pass_stats.append(p)
 
     def merge(self, other: "RunStats") -> None:
         """Add another run's pass counters (not ``items``: the caller knows how many tickets it handled)."""
@@ -112,6 +114,7 @@ class RunStats:
         self.prefix_tokens_reused += other.prefix_tokens_reused
         self.infer_ms += other.infer_ms
         self.pass_sizes.extend(other.pass_sizes)
+        self.pass_stats.extend(other.pass_stats)
 
 
 @dataclass(frozen=True)

@@ -251,17 +251,9 @@ class PrometheusMetrics(Metrics):
 
 
 def _passes(stats: Any) -> Iterable[tuple[int, int | None, float | None]]:
-    """(size, padded tokens, infer seconds) per pass. Per-pass records (``stats.passes``) where the engine
-    keeps them; otherwise only the sizes are known per pass (``RunStats.batch_sizes``)."""
-    passes = getattr(stats, "passes", None)
-    if passes:
-        for p in passes:
-            size = getattr(p, "items", None) or getattr(p, "size", 0)
-            infer_ms = getattr(p, "infer_ms", None)
-            yield int(size), getattr(p, "padded_tokens", None), None if infer_ms is None else infer_ms / 1000.0
-        return
-    for size in getattr(stats, "batch_sizes", None) or ():
-        yield int(size), None, None
+    """(size, padded tokens, infer seconds) per pass, from the engine's per-pass records (``RunStats.pass_stats``)."""
+    for p in getattr(stats, "pass_stats", None) or ():
+        yield int(p.items), int(p.padded_tokens), p.infer_ms / 1000.0
 
 
 _current: Metrics = Metrics()
