@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from worker.cli import main
-from worker.engine.configure import shipped_head_for
+from worker.assemble import shipped_head_for
 from worker.engine.task import Task, default_task
 from worker.heads import SHIPPED, shipped_head_path
 from worker.quality.default_head import FIRST, WRITTEN, sha256_file

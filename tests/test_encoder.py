@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from worker.engine.classifier import Classifier, softmax
-from worker.engine.configure import ScoringConfigError, scorer_kind
+from worker.assemble import ScoringConfigError, build_classifier
 from worker.engine.loader import ModelNotFound, load_model, unzipped_dir
 from worker.engine.task import default_task
-from worker.quality.features import run_pass
+from worker.quality.features import run_features
 from worker.quality.head import Head, HeadMismatch, HeadScorer, fit_head, prompt_hash
 from worker.settings import Settings
 
@@ -42,7 +42,7 @@ def loaded_lm(tiny_model_dir, tmp_path_factory):
 
 
 def _fit(clf: Classifier) -> Head:
-    feats = run_pass(clf, clf.prepare_valid([t for t, _ in TEXTS]), score=False, progress=False)
+    feats = run_features(clf, clf.prepare_valid([t for t, _ in TEXTS]), score=False, progress=False)
     meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "head_prompt": clf.head_prompt}
     return fit_head(feats.mean, [lab for _, lab in TEXTS], clf.labels, meta=meta, blocks=clf.feature_blocks)
 
@@ -61,7 +61,7 @@ def test_encoder_rows_are_cls_text_sep_and_pool_like_sentence_transformers(loade
     items = clf.prepare_valid([t for t, _ in TEXTS] + LONG)
     for p, text in zip(items, [t for t, _ in TEXTS] + LONG):
         assert p.ids == tuple(tok(text, truncation=True, max_length=64)["input_ids"])  # what the tokenizer itself frames
-    feats = run_pass(clf, items, score=False, progress=False)
+    feats = run_features(clf, items, score=False, progress=False)
     assert len(clf.plan(items)) >= 2  # length buckets, as for a causal LM
     for i, p in enumerate(items):  # each ticket alone, plain mask-weighted mean over every token
         alone = loaded_bert.model(input_ids=torch.tensor([p.ids])).last_hidden_state[0].mean(0)
@@ -92,14 +92,14 @@ def test_encoder_with_a_head_batched_equals_reference_and_prompt_scoring_is_refu
         assert a.label == b.label and a.scores == pytest.approx(b.scores, abs=1e-5)
     assert sum(p.label == lab for p, (_, lab) in zip(batched, TEXTS)) >= 8  # it learned its training tickets
     base = dict(model=str(tiny_bert_dir), device="cpu", dtype="fp32", cache_dir=tmp_path / "c")
-    with_head = Classifier.from_settings(Settings(**base, head_path=path))
-    assert scorer_kind(with_head) == "head" and with_head.kind == "encoder"
+    with_head = build_classifier(Settings(**base, head_path=path))
+    assert with_head.scorer.kind == "head" and with_head.kind == "encoder"
     with pytest.raises(ScoringConfigError, match="label tokens"):
-        Classifier.from_settings(Settings(**base, scorer="prompt"))
+        build_classifier(Settings(**base, scorer="prompt"))
     with pytest.raises(ScoringConfigError, match="needs a head"):
-        Classifier.from_settings(Settings(**base, labels="billing,other"))
-    auto = Classifier.from_settings(Settings(**base))  # built-in task: a centroid head on its 5 examples
-    assert scorer_kind(auto) == "head" and auto.scorer.head.meta["source"] == "task examples"
+        build_classifier(Settings(**base, labels="billing,other"))
+    auto = build_classifier(Settings(**base))  # built-in task: a centroid head on its 5 examples
+    assert auto.scorer.kind == "head" and auto.scorer.head.meta["source"] == "task examples"
 
 
 def test_joined_features_run_both_models_on_the_same_passes(loaded_lm, loaded_bert, tiny_model_dir, tiny_bert_dir, tmp_path):
@@ -113,8 +113,8 @@ def test_joined_features_run_both_models_on_the_same_passes(loaded_lm, loaded_be
     lm_only = Classifier(loaded_lm, default_task(), head_prompt="labels")
     enc_only = Classifier(loaded_bert, default_task())
     texts = [t for t, _ in TEXTS] + LONG
-    joined = run_pass(clf, items, score=False, progress=False).mean
-    parts = [run_pass(c, c.prepare_valid(texts), score=False, progress=False).mean for c in (lm_only, enc_only)]
+    joined = run_features(clf, items, score=False, progress=False).mean
+    parts = [run_features(c, c.prepare_valid(texts), score=False, progress=False).mean for c in (lm_only, enc_only)]
     assert np.allclose(joined, np.concatenate(parts, axis=1), atol=1e-4)  # LM states, then the encoder's
     head = _fit(clf)
     assert head.blocks == (64, 48)
@@ -123,7 +123,7 @@ def test_joined_features_run_both_models_on_the_same_passes(loaded_lm, loaded_be
     path = tmp_path / "joined.safetensors"
     head.save(path)
     base = dict(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path / "c")
-    worker = Classifier.from_settings(Settings(**base, encoder=str(tiny_bert_dir), head_path=path))
+    worker = build_classifier(Settings(**base, encoder=str(tiny_bert_dir), head_path=path))
     batched, _ = worker.classify(worker.prepare_valid(texts))
     reference = worker.reference(worker.prepare_valid(texts))
     for a, b in zip(batched, reference):
@@ -131,9 +131,9 @@ def test_joined_features_run_both_models_on_the_same_passes(loaded_lm, loaded_be
     offline = softmax(head.logits(joined))
     assert np.allclose(offline, [[p.scores[lab] for lab in worker.labels] for p in batched], atol=1e-4)
     with pytest.raises(HeadMismatch, match="model"):  # the same head without the encoder beside the LM
-        Classifier.from_settings(Settings(**base, head_path=path))
+        build_classifier(Settings(**base, head_path=path))
     with pytest.raises(ScoringConfigError, match="label tokens"):
-        Classifier.from_settings(Settings(**base, encoder=str(tiny_bert_dir), scorer="prompt"))
+        build_classifier(Settings(**base, encoder=str(tiny_bert_dir), scorer="prompt"))
 
 
 def test_head_records_its_prompt_and_is_refused_under_the_other(loaded_lm, tmp_path):

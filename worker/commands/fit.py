@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from worker.commands.model_flags import add_model_arguments, settings_from_args
+
 NAME = "fit"
 HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into a task file"
 
@@ -34,18 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples-out", type=Path, default=None, help="write the configured task + k examples per label here (YAML/JSON)")
     p.add_argument("--k", type=int, default=2, help="few-shot examples per label for --examples-out")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
-    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
-    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    add_model_arguments(p)
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.engine.task import task_from_settings
-    from worker.logs import configure_logging
+    from worker.assemble import task_from_settings
     from worker.quality import data
     from worker.quality.fewshot import pick_examples, write_task_file
-    from worker.settings import Settings
 
     if args.default_head:
         return _default_head(args)
@@ -55,9 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None and args.examples_out is None:
         print("fit: nothing to do: give --out (a head) and/or --examples-out (a task file)", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
-    settings = Settings(**overrides)
-    configure_logging(settings.log_format, settings.log_level)
+    settings = settings_from_args(args)
     try:
         rows = data.resolve(args.input, args.label_map, args.split).rows
         task = _task_for(task_from_settings(settings), rows, settings, args.examples_out is not None)
@@ -94,25 +90,23 @@ def _task_for(task, rows, settings, writing_task: bool):
 def _fit(args, settings, task, rows) -> None:
     import time
 
-    from worker.engine.device import pick_device, pick_dtype
-    from worker.engine.loader import load_model
+    from worker.assemble import features_classifier
     from worker.quality import data
-    from worker.quality.evaluation import make_classifier
-    from worker.quality.features import run_pass
+    from worker.quality.features import run_features
     from worker.quality.fewshot import pick_examples
     from worker.quality.head import fit_head, prompt_hash
 
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
-    device = pick_device(settings.device)
-    dtype = pick_dtype(device, settings.dtype)
-    clf = make_classifier(load_model(settings.model, device, dtype, settings.cache_dir), task, settings)
+    clf = features_classifier(settings, task=task)  # the states a head reads in the worker (TRIAGE_HEAD_PROMPT, encoder)
     t0 = time.perf_counter()
-    feats = run_pass(clf, clf.prepare_valid([r.text for r in rows]), score=False, desc="fit pass", progress=not args.no_progress)
+    items = clf.prepare_valid([r.text for r in rows])
+    feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
-    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input)}
+    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input),
+            "head_prompt": clf.head_prompt}
     head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,
-                    pooling=args.pooling, meta=meta, seed=args.seed)
+                    pooling=args.pooling, meta=meta, seed=args.seed, blocks=clf.feature_blocks)
     head.save(args.out)
     fewest = min(head.meta["per_label"].values())
     if fewest < 8:
@@ -127,35 +121,26 @@ def _default_head(args: argparse.Namespace) -> int:
     """The shipped head's fixed recipe (worker/quality/default_head.py) for the configured model (+ encoder)."""
     import torch
 
-    from worker.engine.classifier import Classifier
-    from worker.engine.device import pick_device, pick_dtype
-    from worker.engine.loader import load_model
+    from worker.assemble import features_classifier
     from worker.engine.task import default_task
     from worker.heads import HEADS_DIR, SHIPPED
-    from worker.logs import configure_logging
     from worker.quality.default_head import DTYPE, model_file_hash, refit
-    from worker.settings import Settings
 
-    settings = Settings(**{k: v for k, v in (("model", args.model), ("device", args.device or "cpu"),
-                                             ("dtype", args.dtype or DTYPE)) if v is not None})
-    configure_logging(settings.log_format, settings.log_level)
+    args.dtype, args.device = args.dtype or DTYPE, args.device or "cpu"
+    settings = settings_from_args(args)
     torch.set_num_threads(1)  # summation order fixed: the same machine refits the same bytes
-    device = pick_device(settings.device)
-    dtype = pick_dtype(device, settings.dtype)
-    loaded = load_model(settings.model, device, dtype, settings.cache_dir)
-    encoder = load_model(settings.encoder, device, dtype, settings.cache_dir) if settings.encoder else None
-    clf = Classifier(loaded, default_task(), encoder=encoder, head_prompt=settings.head_prompt,
-                     max_input_tokens=settings.max_input_tokens)
+    clf = features_classifier(settings, task=default_task())
     out = args.out
     if out is None:
         if clf.model_name not in SHIPPED:
             print(f"fit: no shipped head file for {clf.model_name!r} (known: {sorted(SHIPPED)}); give --out", file=sys.stderr)
             return 2
         out = HEADS_DIR / SHIPPED[clf.model_name]
-    parts = ["triage-worker fit --default-head"]
-    parts += [f"TRIAGE_MODEL={settings.model}"] + ([f"TRIAGE_ENCODER={settings.encoder}"] if settings.encoder else [])
-    parts += [f"TRIAGE_HEAD_PROMPT={settings.head_prompt}", f"--dtype {clf.dtype_name}"]
-    hashes = [model_file_hash(m.name, m.source) for m in (loaded, encoder) if m is not None]
+    parts = ["triage-worker fit --default-head", f"--model {settings.model}"]
+    parts += ([f"--encoder {settings.encoder}"] if settings.encoder else []) + [f"--head-prompt {settings.head_prompt}"]
+    parts += [f"--dtype {clf.dtype_name}"]
+    models = [clf.loaded] + ([clf.encoder] if clf.encoder is not None else [])
+    hashes = [model_file_hash(m.name, m.source) for m in models]
     head = refit(clf, " ".join(parts), model_sha256="+".join(h or "-" for h in hashes))
     head.save(out)
     print(f"wrote {out} ({clf.model_name}, {settings.head_prompt} prompt, {clf.dtype_name})")

@@ -45,14 +45,17 @@ def run(args: argparse.Namespace) -> int:
         input_stream=settings.input_stream,
         group=settings.group,
         model=settings.model,
-        max_batch_items=settings.max_batch_items,
+        window_max_items=settings.window_max_items,
+        pass_max_items=settings.pass_max_items,
         max_wait_ms=settings.max_wait_ms,
         prefetch=settings.prefetch,
         drain=args.drain,
     )
+    log = get_logger("triage.worker").bind(consumer=settings.consumer)
+    if not _start_metrics(settings, log):
+        return 2
     from worker.stream.loop import run_worker
 
-    log = get_logger("triage.worker").bind(consumer=settings.consumer)
     try:
         code = run_worker(settings, drain=args.drain)
     except Exception:  # e.g. the model cannot be loaded: say so in the log format ops read
@@ -65,3 +68,20 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _start_metrics(settings, log) -> bool:
+    """Serve Prometheus metrics before the model loads (scrapes see phase "starting"); False if the port is unusable."""
+    from worker.observability import prometheus
+
+    if not settings.metrics_port:
+        return True
+    try:
+        prometheus.start(settings.metrics_host, settings.metrics_port)
+    except OSError as e:
+        log.error("metrics_unavailable", host=settings.metrics_host, port=settings.metrics_port, error=str(e),
+                  fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); "
+                  "0 turns metrics off")
+        return False
+    log.info("metrics_serving", url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+    return True

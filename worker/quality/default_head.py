@@ -44,8 +44,8 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def model_file_hash(name: str, source: str) -> str | None:
     """sha256 of the weights file a model name resolves to (bundled GGUF / zip, or a directory's safetensors)."""
-    from worker.engine.loader import BUNDLED_MINILM, bundled_gguf_path, bundled_minilm_zip
-    from worker.settings import BUNDLED_MODEL
+    from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL
+    from worker.engine.loader import bundled_gguf_path, bundled_minilm_zip
 
     if name == BUNDLED_MODEL:
         return sha256_file(bundled_gguf_path())
@@ -73,7 +73,7 @@ def _figures(head, x: np.ndarray, rows: list[Labelled]) -> dict:
 
 def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = print, model_sha256: str | None = None):
     """Run the recipe on ``clf`` (its model, prompt and dtype); returns the shipped ``Head``."""
-    from worker.quality.features import run_pass
+    from worker.quality.features import run_features
     from worker.quality.head import fit_head, prompt_hash
 
     labels = list(clf.labels)
@@ -81,7 +81,7 @@ def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = pri
              {"first-train": (FIRST, "train"), "first-test": (FIRST, "test"),
               "written-train": (WRITTEN, "train"), "written-test": (WRITTEN, "test")}.items()}
     texts = [r.text for rows in every.values() for r in rows]
-    feats = run_pass(clf, clf.prepare_valid(texts), score=False, desc="default head: features", progress=False).pooled(POOLING)
+    feats = run_features(clf, clf.prepare_valid(texts), score=False, desc="default head: features", progress=False).pooled(POOLING)
     x, start = {}, 0
     for key, rows in every.items():
         x[key] = feats[start : start + len(rows)]

@@ -17,13 +17,14 @@ from typing import Sequence
 
 import numpy as np
 
+from worker.assemble import AUTO_METHOD, AUTO_POOLING, build_classifier, features_classifier, prompt_scoring, shipped_head_for
 from worker.engine.classifier import Classifier, softmax
 from worker.engine.loader import LoadedModel
 from worker.engine.task import Task
 from worker.quality import calibration as cal
 from worker.quality import metrics
 from worker.quality.data import Labelled
-from worker.quality.features import Pass, run_pass
+from worker.quality.features import Features, run_features
 from worker.quality.fewshot import pick_examples
 from worker.quality.head import fit_head, prompt_hash
 
@@ -42,8 +43,9 @@ class EvalConfig:
     max_prompt_labels: int = 30
     head_shots: Sequence[int] = ()  # learning curve: examples per label to fit the head on
     curve_repeats: int = 3
-    cache_dir: Path | None = None  # forward-pass results cache (see features.run_pass)
+    cache_dir: Path | None = None  # forward-pass results cache (see features.run_features)
     head_file: Path | None = None  # a head fitted by `triage-worker fit`, scored too (if it fits the task's prompt)
+    blocks: Sequence[int] | None = None  # joined features: widths normalized apart (set from the head pass's classifier)
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
@@ -77,16 +79,9 @@ def variant_tasks(base: Task, descriptions: dict[str, str], train: Sequence[Labe
 
 
 def make_classifier(loaded: LoadedModel, task: Task, settings) -> Classifier:
-    """As ``Classifier.from_settings`` but on an already-loaded model, prompt scoring, no threshold, truncation on."""
-    return Classifier(
-        loaded,
-        task,
-        max_input_tokens=settings.max_input_tokens,
-        truncate=True,
-        prefix_cache=settings.prefix_cache,
-        max_batch_items=settings.max_batch_items,
-        max_batch_tokens=settings.max_batch_tokens,
-    )
+    """The worker's classifier for ``task`` on an already-loaded model, with prompt scoring, no calibration,
+    no threshold, truncation on: eval derives every method from the raw scores and pooled states."""
+    return build_classifier(prompt_scoring(settings), loaded=loaded, task=task)
 
 
 def score_method(name: str, probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], extra: dict) -> dict:
@@ -99,13 +94,21 @@ def score_method(name: str, probs: np.ndarray, labels: Sequence[str], gold: Sequ
 
 def evaluate_all(
     loaded: LoadedModel, settings, base: Task, test: Sequence[Labelled], train: Sequence[Labelled] | None,
-    cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print,
+    cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print, encoder: LoadedModel | None = None,
 ) -> dict:
-    """Score every requested method on ``test``; the report is plain JSON-able data."""
+    """Score every requested method on ``test``; the report is plain JSON-able data.
+
+    Heads are fitted on the pooled states the worker's head reads (``features_classifier``: the
+    ``TRIAGE_HEAD_PROMPT`` prompt; an encoder's or joined states). An encoder or joined features
+    have no label tokens: only heads are measured for them."""
     labels = list(base.labels)
     gold = [r.label for r in test]
     texts = [r.text for r in test]
-    tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg)
+    head_only = loaded.kind != "decoder" or encoder is not None
+    tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg) if not head_only else ({}, "task")
+    if head_only:
+        cfg.skipped.append(f"prompt scoring: {loaded.name} {'+ ' + encoder.name if encoder else ''} has no label tokens "
+                           "(encoder / joined features): heads only")
     too_many = len(labels) > cfg.max_prompt_labels
     if too_many:
         cfg.skipped.append(f"prompt scoring: {len(labels)} labels > --max-prompt-labels {cfg.max_prompt_labels} (head only)")
@@ -113,14 +116,14 @@ def evaluate_all(
     if want_head and not train and not base.examples and cfg.head_file is None:
         cfg.skipped.append("head: needs a training file (--train), examples in the task, or a head file")
         want_head = False
-    results, passes, info = [], {}, {"head_prompt": base_name}
+    results, passes, info = [], {}, {"head_prompt": settings.head_prompt if not head_only or encoder else None}
     for name, task in tasks.items():
         score = not too_many and name in cfg.variants
-        if not score and not (name == base_name and want_head):
+        if not score:
             continue
         clf = make_classifier(loaded, task, settings)
         items = clf.prepare_valid(texts)
-        p = run_pass(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
+        p = run_features(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
         passes[name] = (clf, p)
         info[name] = {"prefix_tokens": clf.prefix_length, "examples": len(task.examples), "scored": score,
                       "seconds": round(p.seconds, 1), "tickets_per_s": round(len(items) / p.seconds, 1) if p.seconds else None,
@@ -134,7 +137,8 @@ def evaluate_all(
             results.append(score_method(name if c == "none" else f"{name} +{c}", softmax(p.log_scores - bias), labels, gold, extra))
     curve: list[dict] = []
     if want_head:
-        heads, curve = _heads(base, passes[base_name], train, labels, gold, cfg, info, log)
+        heads, curve = _heads(base, _head_pass(loaded, encoder, settings, base, texts, passes, cfg, info, log),
+                              train, labels, gold, cfg, info, log)
         results += heads
     best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
     default = worker_default(settings, base, settings.head_path)
@@ -147,7 +151,23 @@ def evaluate_all(
     }
 
 
-def _bias(kind: str, clf: Classifier, p: Pass) -> np.ndarray:
+def _head_pass(loaded, encoder, settings, base: Task, texts, passes: dict, cfg: EvalConfig, info: dict, log):
+    """The test tickets' states under the head's prompt: a prompt variant's pass when it is the same prompt."""
+    clf = features_classifier(settings, loaded=loaded, task=base, encoder=encoder)
+    want = prompt_hash(clf)
+    for name, (c, p) in passes.items():
+        if prompt_hash(c) == want:
+            info["head_pass"] = name
+            return clf, p
+    p = run_features(clf, clf.prepare_valid(texts), score=False, desc="test pass: head prompt", progress=cfg.progress,
+                     cache_dir=cfg.cache_dir)
+    info["head_pass"] = {"prefix_tokens": clf.prefix_length, "seconds": round(p.seconds, 1), "from_cache": p.cached,
+                         "prompt_hash": want}
+    log(f"head prompt ({clf.head_prompt or clf.kind}): {len(texts)} tickets in {p.seconds:.1f} s (prefix {clf.prefix_length} tokens)")
+    return clf, p
+
+
+def _bias(kind: str, clf: Classifier, p: Features) -> np.ndarray:
     if kind == "none":
         return np.zeros(p.log_scores.shape[1])
     if kind == "contextual":
@@ -159,15 +179,19 @@ def _bias(kind: str, clf: Classifier, p: Pass) -> np.ndarray:
 
 def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[dict], list[dict]]:
     clf, test_pass = task_pass
+    cfg.blocks = clf.feature_blocks
     out = []
     if cfg.head_file is not None:
         out += _score_head_file(cfg.head_file, clf, test_pass, labels, gold, cfg)
+    shipped = shipped_head_for(clf.model_name, base)
+    if shipped is not None:
+        out += _score_head_file(shipped, clf, test_pass, labels, gold, cfg, name="shipped default head")
     if base.examples and {e.label for e in base.examples} == set(labels):  # what `auto` fits at start-up
-        ex = run_pass(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
+        ex = run_features(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
         out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
     curve: list[dict] = []
     if train:
-        tr = run_pass(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
+        tr = run_features(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
                       cache_dir=cfg.cache_dir)
         info["train"] = {"tickets": len(train), "seconds": round(tr.seconds, 1), "from_cache": tr.cached,
                          "tickets_per_s": round(len(train) / tr.seconds, 1) if tr.seconds else None}
@@ -178,7 +202,8 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
     return out, curve
 
 
-def _score_head_file(path: Path, clf: Classifier, test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, gold, cfg: EvalConfig,
+                     name: str = "head file") -> list[dict]:
     from worker.quality.head import Head, HeadMismatch
 
     head = Head.load(path)
@@ -190,29 +215,29 @@ def _score_head_file(path: Path, clf: Classifier, test_pass: Pass, labels, gold,
     head = head.reordered(labels)
     probs = softmax(head.logits(test_pass.pooled(head.pooling)))
     extra = {"method": "head", "variant": f"{head.method}/{head.pooling}", "calibration": "none", "head_file": str(path)}
-    return [score_method(f"head file {head.method}/{head.pooling}", probs, labels, gold, extra)]
+    return [score_method(f"{name} {head.method}/{head.pooling}", probs, labels, gold, extra)]
 
 
 def worker_default(settings, base: Task, head_file: Path | None) -> str:
-    """Which of the measured methods a worker started with these settings would use (see engine.configure)."""
-    from worker.engine.configure import AUTO_METHOD, AUTO_POOLING
-
+    """Which of the measured methods a worker started with these settings would use (see worker.assemble)."""
     prompt = "task +contextual" if settings.calibration == "contextual" else "task"
     if settings.scorer == "prompt":
         return prompt
     if head_file is not None:
         return "head file"
+    if settings.scorer == "auto" and shipped_head_for(settings.model + (f"+{settings.encoder}" if settings.encoder else ""), base):
+        return "shipped default head"
     if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
         return f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"
     return prompt  # prompt variants are named by content: "task" may have been de-duplicated (see evaluate_all)
 
 
-def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+def _fit_and_score(prefix: str, tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
     out = []
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
             t1 = time.perf_counter()
-            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed)
+            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed, blocks=cfg.blocks)
             fit_s = time.perf_counter() - t1
             probs = softmax(head.logits(test_pass.pooled(pooling)))
             extra = {"method": "head", "variant": f"{method}/{pooling}", "calibration": "none", "fit_seconds": round(fit_s, 2),
@@ -221,7 +246,7 @@ def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, lab
     return out
 
 
-def learning_curve(tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
     """Head quality when only n training tickets per label exist (seeded resamples of the train pass)."""
     y_arr = np.array(y)
     by_label = {lab: np.flatnonzero(y_arr == lab) for lab in labels}
@@ -235,7 +260,8 @@ def learning_curve(tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cf
                 for rep in range(repeats):
                     rng = np.random.default_rng(cfg.seed * 1000 + rep)
                     idx = np.concatenate([rng.permutation(v)[:n] for v in by_label.values() if len(v)])
-                    head = fit_head(tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method=method, pooling=pooling, seed=cfg.seed)
+                    head = fit_head(tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method=method, pooling=pooling,
+                                    seed=cfg.seed, blocks=cfg.blocks)
                     probs = softmax(head.logits(test_pass.pooled(pooling)))
                     pred = [labels[k] for k in probs.argmax(1)]
                     rep_ = metrics.evaluate(gold, pred, labels, probs.max(1))

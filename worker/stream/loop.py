@@ -14,6 +14,7 @@ import queue
 import time
 
 from worker.logs import get_logger
+from worker.observability import prometheus  # [observe] metrics hooks: no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.classify import classify_isolated
 from worker.stream.connection import Backoff, connect, is_transient
 from worker.stream.health import Heartbeat
@@ -32,16 +33,18 @@ def run_worker(settings, *, drain: bool = False) -> int:
     log = get_logger("triage.worker").bind(consumer=settings.consumer)
     shutdown = Shutdown(log)
     shutdown.install()
-    from worker.engine.classifier import Classifier
+    from worker.assemble import build_classifier
     from worker.logs import route_transformers_logs
 
     route_transformers_logs()
 
     t0 = time.perf_counter()
-    clf = Classifier.from_settings(settings)
+    clf = build_classifier(settings)
     clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
     log.info("model_loaded", model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, labels=list(clf.labels),
              prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000))
+    prometheus.current().set_model(  # [observe]
+        model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, consumer=settings.consumer)
 
     client = connect(settings.redis_url)
     source = StreamSource(client, settings.input_stream, settings.group, settings.consumer)
@@ -104,7 +107,7 @@ class _Loop:
         self.reader = Reader(
             source,
             clf.prepare,
-            max_items=settings.max_batch_items,
+            max_items=settings.window_max_items,
             max_wait_ms=settings.max_wait_ms,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
@@ -120,10 +123,12 @@ class _Loop:
 
     def _count_reconnect(self) -> None:
         self.summary.reconnects += 1
+        prometheus.current().reconnected()  # [observe]
 
     def run(self) -> int:
         self._beat(force=True)
         self.reader.start()
+        prometheus.current().set_phase("reading")  # [observe]
         self.log.info("worker_ready", heartbeat_key=self.heartbeat.key, results_stream=self.s.results_stream,
                       dead_letter_stream=self.s.dead_letter_stream)
         code, why = EXIT_OK, "stopped"
@@ -162,14 +167,16 @@ class _Loop:
     # ------------------------------------------------------------------ batch
     def _handle(self, w: Window) -> None:
         self.batches += 1
+        prometheus.current().set_phase("inferring")  # [observe]
         m = BatchMetrics(batch=self.batches, source=w.source, read_ms=w.read_ms, tokenize_ms=w.tokenize_ms,
                          backlog=w.backlog, pending=w.pending)
         preds, stats, m.split_retries = classify_isolated(self.clf.classify, w.prepared)
         if m.split_retries:
             self.log.warning("batch_failed_split", items=len(w.prepared), failed_alone=sum(isinstance(p, Exception) for p in preds))
-        m.buckets, m.real_tokens, m.padded_tokens = stats.batches, stats.real_tokens, stats.padded_tokens
+        m.buckets, m.real_tokens, m.padded_tokens = stats.passes, stats.real_tokens, stats.padded_tokens
         m.prefix_tokens_reused, m.infer_ms = stats.prefix_tokens_reused, stats.infer_ms
         t0 = time.perf_counter()
+        prometheus.current().set_phase("writing")  # [observe]
         outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer)
         written = self._commit(outcome, w)
         m.write_ms = (time.perf_counter() - t0) * 1000
@@ -181,6 +188,7 @@ class _Loop:
         self.totals["items"] += m.items
         self.totals["dead_lettered"] += m.dead_lettered
         self.summary.add(m)
+        prometheus.current().observe_batch(m, stats, written)  # [observe] ends in phase "reading"
         self.log.info("batch", **m.line())
 
     def _commit(self, outcome: Outcome, w: Window) -> Outcome:
@@ -221,6 +229,7 @@ class _Loop:
 
     def _finish(self, why: str) -> None:
         self.shutdown.stop.set()
+        prometheus.current().set_phase("stopping")  # [observe]
         now = time.monotonic()
         self.log.info("summary", **self.summary.take(now))
         try:

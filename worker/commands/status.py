@@ -1,0 +1,85 @@
+"""Show the worker group: backlog, pending, dead letters, recent throughput and latency, and one row per
+worker (heartbeat age, phase, pending, idle). Read from Redis alone, like ``rq info``: run it from any
+machine that reaches Redis; it loads no model, imports no torch and writes nothing.
+
+Uses the same TRIAGE_* settings as the workers (stream, group, key prefixes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+NAME = "status"
+HELP = "show workers, backlog, pending, dead letters, recent throughput and latency (from Redis alone)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON object (with --watch: one per line)")
+    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    p.add_argument("--interval-s", type=float, default=2.0, help="seconds between refreshes with --watch (default 2)")
+    p.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes (0 = never)")
+    p.add_argument("--window-s", type=float, default=60.0,
+                   help="throughput, latency and recent dead letters over the last this many seconds (default 60)")
+    p.add_argument("--max-results", type=int, default=2000,
+                   help="read at most this many recent results (the rate is then over the span they cover)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+    from pydantic import ValidationError
+
+    from worker.logs import mask_url
+    from worker.observability.status import Target
+    from worker.settings import Settings
+
+    try:
+        s = Settings()
+    except ValidationError as e:
+        print(f"triage-worker status: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    if args.interval_s <= 0 or args.window_s <= 0 or args.max_results < 1:
+        print("triage-worker status: --interval-s and --window-s must be > 0, --max-results >= 1", file=sys.stderr)
+        return 2
+    url = mask_url(s.redis_url)
+    target = Target(s.input_stream, s.group, s.results_stream, s.dead_letter_stream, s.heartbeat_key_prefix,
+                    s.claim_idle_ms)
+    try:
+        client = redis.Redis.from_url(s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True,
+                                      encoding_errors="replace")
+    except ValueError as e:  # a malformed URL: say which setting
+        print(f"triage-worker status: TRIAGE_REDIS_URL is not a Redis URL ({e})", file=sys.stderr)
+        return 2
+    try:
+        return _loop(client, target, url, args)
+    except KeyboardInterrupt:  # Ctrl-C ends a watch
+        return 0
+
+
+def _loop(client, target, url: str, args: argparse.Namespace) -> int:
+    import redis
+
+    from worker.observability.status import collect
+    from worker.observability.status_view import render
+
+    shown = 0
+    clear = args.watch and not args.json and sys.stdout.isatty()
+    while True:
+        try:
+            snap = collect(client, target, window_s=args.window_s, max_results=args.max_results)
+        except redis.RedisError as e:
+            print(f"triage-worker status: cannot read Redis at {url}: {type(e).__name__}: {e}", file=sys.stderr)
+            if not args.watch:
+                return 1
+            snap = None  # a watch outlives a Redis blip
+        if snap is not None:
+            if args.json:
+                print(json.dumps({"redis": url, **snap}), flush=True)
+            else:
+                print(("\x1b[H\x1b[2J" if clear else "") + render(snap, url) + ("" if clear else "\n"), flush=True)
+        shown += 1
+        if not args.watch or (args.count and shown >= args.count):
+            return 0
+        time.sleep(args.interval_s)
