@@ -163,3 +163,22 @@ def test_bundled_zip_is_unzipped_once_and_unsafe_paths_are_refused(tmp_path):
     with pytest.raises(ModelNotFound, match="unsafe path"):
         unzipped_dir(bad, tmp_path / "cache")
     assert not (tmp_path / "evil.txt").exists()
+
+
+def test_bench_compares_backbones_in_one_run(tiny_model_dir, tiny_bert_dir, tmp_path, monkeypatch):
+    import json
+
+    from worker.bench.cli import main as bench_main
+
+    for k in [k for k in __import__("os").environ if k.startswith("TRIAGE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    specs = f"{tiny_model_dir},{tiny_bert_dir},{tiny_model_dir}+{tiny_bert_dir}"
+    assert bench_main(["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "fp32", "--quick", "--modes", "5",
+                       "--backbones", specs, "--no-progress", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["backbones"]
+    assert [r["kind"] for r in rows] == ["decoder", "encoder", "joined"]
+    assert rows[1]["prefix_tokens"] == 0 and rows[0]["prefix_tokens"] > 0  # no prefix for a bidirectional encoder
+    assert all(r["items"] == 4 and r["items_per_s"] > 0 and r["scorer"] == "task examples" for r in rows)
+    assert rows[2]["feature_dim"] == rows[0]["feature_dim"] + rows[1]["feature_dim"] and rows[0]["vs_first"] == 1.0
