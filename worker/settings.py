@@ -85,7 +85,9 @@ class Settings(BaseSettings):
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
-        description="'prompt' = label-token scoring; 'head' = the head in head_path; auto = head_path if set, else a centroid head fitted on the task's examples (one per label needed), else prompt.",
+        description="'prompt' = label-token scoring (causal LM only); 'head' = the head in head_path; auto = head_path if set, "
+        "else the head shipped for the built-in support task and this model (worker/heads), else a centroid head fitted on "
+        "the task's examples (one per label needed), else prompt.",
     )
     head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit`.")
     head_prompt: Literal["labels", "task"] = Field(
