@@ -182,3 +182,33 @@ def test_bench_compares_backbones_in_one_run(tiny_model_dir, tiny_bert_dir, tmp_
     assert rows[1]["prefix_tokens"] == 0 and rows[0]["prefix_tokens"] > 0  # no prefix for a bidirectional encoder
     assert all(r["items"] == 4 and r["items_per_s"] > 0 and r["scorer"] == "task examples" for r in rows)
     assert rows[2]["feature_dim"] == rows[0]["feature_dim"] + rows[1]["feature_dim"] and rows[0]["vs_first"] == 1.0
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_eval_and_fit_work_for_an_encoder_and_for_joined_features(joined, tiny_model_dir, tiny_bert_dir, tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from worker.cli import main
+
+    for k in [k for k in __import__("os").environ if k.startswith("TRIAGE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
+    tickets = str(Path(__file__).parent / "data" / "support_tickets_labelled.jsonl")
+    model = ["--model", str(tiny_model_dir), "--encoder", str(tiny_bert_dir)] if joined else ["--model", str(tiny_bert_dir)]
+    flags = model + ["--device", "cpu", "--dtype", "fp32", "--no-progress"]
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--input", tickets, "--split", "test", "--limit", "10", "--train", tickets, "--train-split", "train",
+                 "--pooling", "mean", "--json", str(out)] + flags) == 0
+    report = json.loads(out.read_text())
+    assert {m["method"] for m in report["methods"]} == {"head"}  # no label tokens: heads only, and it says so
+    assert any("no label tokens" in s for s in report["skipped"])
+    assert "head logreg/mean" in {m["name"] for m in report["methods"]}
+    head_path = tmp_path / "head.safetensors"
+    assert main(["fit", "--input", tickets, "--split", "train", "--out", str(head_path)] + flags) == 0
+    head = Head.load(head_path)
+    assert head.blocks == ((64, 48) if joined else (48,))
+    settings = Settings(model=model[1], encoder=model[3] if joined else None, device="cpu", dtype="fp32",
+                        cache_dir=tmp_path / "cache", head_path=head_path)
+    clf = build_classifier(settings)
+    assert clf.scorer.kind == "head" and clf.feature_dim == sum(head.blocks)
