@@ -115,6 +115,10 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     model.to(device)
     model.train(False)  # inference mode: dropout off
     max_length = encoder_max_length(source, config) if kind == "encoder" else None
+    if max_length is not None:
+        # the engine truncates to max_length itself (after tokenizing without special tokens); the tokenizer's own
+        # "sequence longer than the maximum" warning would only print into the logs
+        tokenizer.model_max_length = 1 << 30
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(source), kind=kind, max_length=max_length)
 
 
