@@ -31,6 +31,7 @@ class Suite:
     tests: dict[str, list[Labelled]]  # reporting sets
     task: Task  # the full task prompt (descriptions + one example per label)
     notes: list[str] = field(default_factory=list)
+    more_train: list[Labelled] = field(default_factory=list)  # the "more labelled data" lever (encoder row only)
 
     def prompt_task(self, head_prompt: str) -> Task:
         """``labels``: instructions + label names only; ``task``: the full task prompt."""
@@ -82,8 +83,10 @@ def banking77() -> Suite:
     test = data.subsample(data.resolve("banking77:test").rows, 500, 0)
     labels = tuple(data.label_order(test, train))
     task = Task(labels, {}, tuple(pick_examples(train, 1, 0, labels)), DEFAULT_INSTRUCTIONS)
+    more = [Labelled(e.text, e.label) for e in pick_examples(rows, 60, 0, max_chars=None)]
     return Suite("banking77", labels, train, dev, {"banking77-500": test}, task,
-                 ["train 20 per label (1,540); dev: 5 more per label from train (385); test: 500 of 3,080 (seed 0)"])
+                 ["train 20 per label (1,540); dev: 5 more per label from train (385); test: 500 of 3,080 (seed 0)"],
+                 more_train=more)
 
 
 SUITES = {"support": support, "clinc150-domains": clinc_domains, "banking77": banking77}
