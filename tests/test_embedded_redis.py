@@ -108,3 +108,20 @@ def test_suite_runs_its_redis_tests_on_the_embedded_server(embedded, bare_path):
     assert proc.returncode == 0, out[-3000:]
     assert "2 passed" in out and "skipped" not in out
     assert f"tests use a private {Path(embedded.path).name}" in out
+
+
+def test_bench_mode6_runs_on_a_private_server(embedded, bare_path, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A GPU box without Redis: `triage-bench --redis` starts the embedded server for mode 6."""
+    import json
+
+    from worker.bench import cli
+
+    monkeypatch.setenv("PATH", bare_path)
+    out = tmp_path / "bench.json"
+    rc = cli.main(["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "fp32", "--quick", "--modes", "1",
+                   "--redis", "--redis-url", _dead_url(), "--no-progress", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed[-2000:]
+    assert "started a private redis-server for mode 6" in printed and f"from {embedded.origin}" in printed
+    red = json.loads(out.read_text())["redis"]
+    assert red.get("error") is None and red["results"] == red["items"] > 0
