@@ -82,7 +82,8 @@ def main(definitions: str, keda_crds: str, k8s_version: str, keda_version: str) 
         "$defs": out,
     }
     target = Path(__file__).resolve().parent.parent / "tests" / "data" / "k8s-schemas.json"
-    lines = ["{", f' "$comment": {json.dumps(doc["$comment"])},', f' "kinds": {json.dumps(doc["kinds"])},', ' "$defs": {']
+    lines = ["{", f' "$comment": {json.dumps(doc["$comment"])},', f' "kinds": {json.dumps(doc["kinds"])},']
+    lines.append(' "$defs": {')
     lines += [f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True, separators=(',', ':'))}," for k, v in out.items()]
     lines[-1] = lines[-1].rstrip(",")
     lines += [" }", "}"]

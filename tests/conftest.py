@@ -48,7 +48,8 @@ def redis_url(request) -> str:
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         if reporter is not None and capture is not None:
             with capture.global_and_fixture_disabled():
-                reporter.write_line(f"\nno Redis at {REDIS_URL}: tests use a private {binary.describe()} at {server.url}")
+                note = f"no Redis at {REDIS_URL}: tests use a private {binary.describe()} at {server.url}"
+                reporter.write_line("\n" + note)
         yield server.url
 
 

@@ -198,7 +198,7 @@ def test_redis_aof_fsync_is_always_unless_chosen_otherwise(compose):
 
 def test_gpu_profile_reserves_one_gpu_per_container(compose):
     svc = compose["services"]
-    assert "profiles" not in svc["worker"] and "profiles" not in svc["redis"]  # `docker compose up` = redis + CPU worker
+    assert "profiles" not in svc["worker"] and "profiles" not in svc["redis"]  # `up` = redis + CPU worker
     gpu = svc["worker-gpu"]
     assert gpu["profiles"] == ["gpu"] and gpu["environment"]["TRIAGE_DEVICE"] == "cuda"
     [dev] = gpu["deploy"]["resources"]["reservations"]["devices"]
@@ -220,7 +220,8 @@ def test_producer_is_a_one_shot_on_the_slim_image(compose):
 def test_commands_are_declared_console_scripts(compose):
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     used = {compose["services"]["producer"]["command"][0]}
-    used |= {svc["healthcheck"]["test"][1].split()[0] for n, svc in compose["services"].items() if n.startswith("worker")}
+    used |= {svc["healthcheck"]["test"][1].split()[0]
+             for n, svc in compose["services"].items() if n.startswith("worker")}
     used |= set(re.findall(r"exec (triage-[a-z]+)", DOCKERFILE.read_text(encoding="utf-8")))
     used |= set(re.findall(r'CMD \["(triage-[a-z]+)"', DOCKERFILE.read_text(encoding="utf-8")))
     assert used <= set(scripts), used - set(scripts)

@@ -59,7 +59,8 @@ class ServerBinary:
         return next((w[2:] for w in out.split() if w.startswith("v=")), "?")
 
     def describe(self) -> str:
-        return f"{Path(self.path).name} {self.version()} ({'on PATH' if self.origin == 'PATH' else 'from ' + self.origin})"
+        where = "on PATH" if self.origin == "PATH" else f"from {self.origin}"
+        return f"{Path(self.path).name} {self.version()} ({where})"
 
 
 def find_server_binary(search_path: str | None = None) -> ServerBinary | None:
@@ -164,7 +165,8 @@ class PrivateRedis:
         conf = self.directory / "redis.conf"
         conf.write_text(self.config(), encoding="utf-8")
         self.proc = subprocess.Popen(
-            [self.binary.path, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [self.binary.path, str(conf)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.monotonic() + timeout_s
