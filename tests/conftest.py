@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 # Nothing in the test suite may reach a model hub.
@@ -34,7 +35,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def redis_url(request) -> str:
+def redis_url(request) -> Iterator[str]:
     """TRIAGE_TEST_REDIS_URL (default 127.0.0.1:6379) if a Redis answers there; else a private server for the
     session on a free port (redis-server from PATH or the embedded-redis extra); else the Redis tests skip."""
     if answers(REDIS_URL):
