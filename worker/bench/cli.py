@@ -176,9 +176,13 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         doc["runs"].append(entry)
     if args.redis:
         from worker.bench.modes import run_redis
+        from worker.redis_server import redis_or_private
 
         print("\nmode 6: enqueue + `python -m worker run --drain` (few-shot task) ...", flush=True)
-        doc["redis"] = red = run_redis(settings, wk.texts, first.dtype_name, first_runs)
+        # a GPU box without Redis: a private server (PATH or the embedded-redis extra) for the run
+        with redis_or_private(settings.redis_url, log=lambda m: print(m, flush=True), purpose="mode 6") as url:
+            red_settings = settings.model_copy(update={"redis_url": url})
+            doc["redis"] = red = run_redis(red_settings, wk.texts, first.dtype_name, first_runs)
         m5 = next((m for r in doc["runs"] if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"), None)
         if m5 and red.get("items_per_s"):
             red["vs_mode5"] = red["items_per_s"] / m5["items_per_s"]
