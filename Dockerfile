@@ -62,7 +62,7 @@ USER triage
 
 # 4. convert the bundled GGUF once, here (517 MB of safetensors, ~40 s): a fresh container starts in seconds
 #    instead of converting at every first start. Not under a volume, so an image upgrade brings its own.
-RUN python -c "from worker.engine.loader import resolve_source; from worker.settings import BUNDLED_MODEL; \
+RUN python -c "from worker.engine.loader import resolve_source; from worker.engine.constants import BUNDLED_MODEL; \
 print(resolve_source(BUNDLED_MODEL, '/opt/triage/cache'))"
 
 # Consumer name = container hostname: unique per container, stable across restarts of

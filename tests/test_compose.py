@@ -32,8 +32,6 @@ DOCKERFILE = REPO / "Dockerfile"
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 ENV_FILES = [REPO / ".env.example", REPO / "deploy" / "compose" / "gpu.env"]
 # Names the arch workstream introduces (old name -> field today); drop once Settings has them as fields.
-PENDING_RENAME = {"TRIAGE_PASS_MAX_TOKENS": "max_batch_tokens", "TRIAGE_PASS_MAX_ITEMS": "max_batch_items",
-                  "TRIAGE_WINDOW_MAX_ITEMS": "max_batch_items", "TRIAGE_PASS_OVERHEAD_TOKENS": "batch_overhead_tokens"}
 TRIAGE_SERVICES = ("worker", "worker-gpu", "producer")
 
 
@@ -71,7 +69,7 @@ def _env_file_names(path: Path) -> dict[str, str]:
 
 def _is_setting(var: str) -> bool:
     fields = set(Settings.model_fields) | set(ProducerSettings.model_fields)
-    return var in PENDING_RENAME or var[len("TRIAGE_"):].lower() in fields
+    return var[len("TRIAGE_"):].lower() in fields
 
 
 # ------------------------------------------------------------------ validity
@@ -266,7 +264,7 @@ def test_worker_image_converts_the_bundled_model_at_build():
     assert convert.startswith("RUN python -c") and f"'{cache_dir}'" in convert
     assert run.index("USER triage") < run.index(convert)
     from worker.engine.loader import resolve_source  # noqa: F401 - the names the build step imports exist
-    from worker.settings import BUNDLED_MODEL  # noqa: F401
+    from worker.engine.constants import BUNDLED_MODEL  # noqa: F401
 
     assert "import resolve_source" in convert and "import BUNDLED_MODEL" in convert
 
