@@ -7,10 +7,12 @@ later, at the few positions that matter (see ``scoring``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from worker.engine.compat import cache_kwarg, output_cache
 
 
 @dataclass
@@ -19,6 +21,7 @@ class PrefixKV:
 
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     length: int
+    packed: Any = None  # packed.PrefixLayers: the same K/V as [P, Hkv, D], made on first packed use
 
     def expanded(self, batch: int) -> DynamicCache:
         # expand() is a view; DynamicCache.update concatenates into new tensors,
@@ -33,6 +36,7 @@ class ForwardOut:
     cache: DynamicCache | None  # full cache after the pass (for label continuations)
     attention_mask: torch.Tensor  # [B, past + S] matching the cache
     next_pos: torch.Tensor  # [B] position id of each row's next token
+    packed: Any = None  # packed.PackedState of a packed pass that kept its K/V (label continuations)
 
 
 def decoder(model: PreTrainedModel) -> torch.nn.Module:
@@ -44,7 +48,7 @@ def compute_prefix(model: PreTrainedModel, prefix_ids: Sequence[int]) -> PrefixK
     dev = model.device
     ids = torch.tensor([list(prefix_ids)], device=dev)
     out = decoder(model)(input_ids=ids, use_cache=True)
-    layers = tuple((layer.keys, layer.values) for layer in out.cache.layers)
+    layers = tuple((layer.keys, layer.values) for layer in output_cache(out).layers)
     return PrefixKV(layers=layers, length=len(prefix_ids))
 
 
@@ -76,12 +80,8 @@ def run_forward(
     mask = torch.cat([torch.ones(b, past, dtype=torch.long), real], dim=1) if past else real
     ids, mask, real, lens_d = ids.to(dev), mask.to(dev), real.to(dev), lens.to(dev)
     cache = prefix.expanded(b) if prefix is not None else (DynamicCache() if keep_cache else None)
-    out = decoder(model)(
-        input_ids=ids,
-        attention_mask=mask,
-        cache=cache,
-        use_cache=keep_cache or prefix is not None,
-    )
+    dec = decoder(model)
+    out = dec(input_ids=ids, attention_mask=mask, use_cache=keep_cache or prefix is not None, **{cache_kwarg(dec): cache})
     hidden = out.last_hidden_state  # [B, S, H]
     h_last = hidden[torch.arange(b, device=dev), lens_d - 1]
     h_mean = None
@@ -94,7 +94,7 @@ def run_forward(
     return ForwardOut(
         h_last=h_last,
         h_mean=h_mean,
-        cache=out.cache if keep_cache else None,
+        cache=output_cache(out) if keep_cache else None,
         attention_mask=mask,
         next_pos=lens_d + past,
     )
