@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     batch_overhead_tokens: int = Field(
         32, ge=0, description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs)."
     )
+    attention: Literal["auto", "padded", "packed"] = Field(
+        "auto",
+        description="auto = packed on CUDA (one unpadded token stream per pass, shared prefix K/V merged by log-sum-exp), padded length buckets on CPU/MPS.",
+    )
+    cuda_graphs: bool = Field(True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only).")
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
         description="'prompt' = label-token scoring; 'head' = the head in head_path; auto = head_path if set, else a centroid head fitted on the task's examples (one per label needed), else prompt.",
