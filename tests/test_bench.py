@@ -88,7 +88,7 @@ def test_flop_counts_follow_the_documented_formula(tiny_model_dir):
     # 3 suffix tokens after a 10-token cached prefix attend to 11, 12, 13 keys
     assert row_flops(shape, 3, past=10) == 2 * n * 3 + 4 * layers * a * (11 + 12 + 13)
     assert work_flops(shape, 10, [3, 1]) == row_flops(shape, 3, 10) + row_flops(shape, 1, 10)
-    batch = bucketing.Batch((0, 1), (3, 1))  # the 1-token row is padded to 3
+    batch = bucketing.Pass((0, 1), (3, 1))  # the 1-token row is padded to 3
     assert computed_flops(shape, [batch], 10, cached=True) == 2 * row_flops(shape, 3, 10)
     assert computed_flops(shape, [batch], 10, cached=True, pad_to=5) == 2 * row_flops(shape, 5, 10)
 

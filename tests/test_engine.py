@@ -31,8 +31,8 @@ def loaded(tiny_model_dir):
 
 
 def make(loaded, task=None, **kw):
-    kw.setdefault("max_batch_items", 6)
-    kw.setdefault("max_batch_tokens", 600)
+    kw.setdefault("pass_max_items", 6)
+    kw.setdefault("pass_max_tokens", 600)
     return Classifier(loaded, task or default_task(), **kw)
 
 
@@ -57,11 +57,31 @@ def test_batched_buckets_with_prefix_cache_match_unpadded_reference(loaded):
     clf = make(loaded)
     items = clf.prepare_valid(TEXTS)
     batched, stats = clf.classify(items)
-    assert stats.batches > 1 and max(stats.batch_sizes) > 1  # really batched and padded
+    assert stats.passes > 1 and max(stats.pass_sizes) > 1  # really batched and padded
     assert stats.padded_tokens > stats.real_tokens
     reference = clf.reference(items)
     assert [p.label for p in batched] == [p.label for p in reference]
     assert max_delta(batched, reference) < 1e-5
+
+
+def test_classify_passes_yields_after_each_forward_call(loaded, monkeypatch):
+    clf = make(loaded)
+    items = clf.prepare_valid(TEXTS)
+    calls = []
+    run_pass = clf.run_pass
+    monkeypatch.setattr(clf, "run_pass", lambda chunk, **kw: calls.append(len(chunk)) or run_pass(chunk, **kw))
+    gen = clf.classify_passes(items)
+    indices, preds, stats = next(gen)
+    assert calls == [len(indices)]  # the first pass is handed out before the second one runs
+    assert len(preds) == stats.items == len(indices) and stats.padded_tokens >= stats.real_tokens > 0
+    assert stats.prefix_tokens_reused == clf.prefix_length * len(indices)
+    rest = list(gen)
+    plan = clf.plan(items)
+    assert [indices] + [r[0] for r in rest] == [p.indices for p in plan] and len(plan) > 1
+    by_index = {i: p for ix, ps, _ in [(indices, preds, stats)] + rest for i, p in zip(ix, ps)}
+    whole, total = clf.classify(items)  # built on classify_passes: same answers, in input order
+    assert [by_index[i] for i in range(len(items))] == whole
+    assert total.items == len(items) and total.passes == len(plan) and total.pass_sizes == [p.size for p in plan]
 
 
 def test_prefix_cache_equals_no_cache_path(loaded):

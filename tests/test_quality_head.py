@@ -96,7 +96,7 @@ def test_head_scorer_batched_path_matches_reference_and_offline_features(clf, fi
         reference = clf.reference(items)
     finally:
         clf.scorer = saved
-    assert stats.batches >= 1 and stats.prefix_tokens_reused > 0  # prefix-cached, bucketed
+    assert stats.passes >= 1 and stats.prefix_tokens_reused > 0  # prefix-cached, bucketed
     assert [p.label for p in batched] == [p.label for p in reference]
     for a, b in zip(batched, reference):
         assert a.scores == pytest.approx(b.scores, abs=1e-4)
@@ -130,8 +130,8 @@ def test_contextual_calibration_setting_makes_content_free_tickets_uniform(setti
     assert np.allclose(cal.score_bias, contextual_bias(clf)) and np.abs(cal.score_bias).max() > 1e-3
     cf = content_free_items(cal)
     assert [p.n_text_tokens for p in cf][1] == 0  # the empty ticket: just the answer cue
-    raw = softmax(clf.run_batch(cf)).mean(0)
-    calibrated = np.array([[p.scores[lab] for lab in cal.labels] for p in cal.postprocess(cal.run_batch(cf), cf)])
+    raw = softmax(clf.run_pass(cf)).mean(0)
+    calibrated = np.array([[p.scores[lab] for lab in cal.labels] for p in cal.postprocess(cal.run_pass(cf), cf)])
     uniform = np.full(len(cal.labels), 1 / len(cal.labels))
     assert np.abs(raw - uniform).max() > 0.01
     # geometric-mean correction: exact uniformity for one content-free input, close to it for the average of three

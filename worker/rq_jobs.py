@@ -84,7 +84,7 @@ def classify(ticket: Mapping[str, Any] | str) -> dict[str, Any]:
     """Classify one ticket (the plain-RQ path); mirrors the result to the results stream when run by RQ."""
     from rq import get_current_job
 
-    from worker.engine.classifier import InvalidTicket
+    from worker.engine.types import InvalidTicket
     from worker.stream.records import result_fields
 
     settings, clf = _engine()

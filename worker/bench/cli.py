@@ -201,7 +201,7 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> lis
 
     spec = MODES["bucketed_cached"]
     lengths = [clf.cost_length(p, True) for p in items]
-    runs = [start(clf, items, spec, bucketing.plan_batches(lengths, i, t), None) for i, t in grid]
+    runs = [start(clf, items, spec, bucketing.plan_passes(lengths, i, t, clf.options.pass_overhead_tokens), None) for i, t in grid]
     with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings, interleaved") as bar:
         execute(clf, items, runs, not args.no_interleave, bar.update)
     rows = []
@@ -226,7 +226,8 @@ def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
     for name, task in tasks:
         clf = Classifier(
             loaded, task, max_input_tokens=settings.max_input_tokens, truncate=settings.truncate, prefix_cache=True,
-            max_batch_items=settings.max_batch_items, max_batch_tokens=settings.max_batch_tokens,
+            pass_max_items=settings.max_batch_items, pass_max_tokens=settings.max_batch_tokens,
+            pass_overhead_tokens=settings.batch_overhead_tokens,
             confidence_threshold=settings.confidence_threshold, fallback_label=settings.fallback_label,
         )
         apply_scoring_settings(clf, settings)

@@ -1,7 +1,7 @@
 """The batching strategies the benchmark compares, each driving the same engine on the same tickets.
 
 Every mode is a batch plan + (prefix cache on/off, pad-to width) handed to
-``Classifier.classify`` one batch at a time, so the engine's own code path runs
+``Classifier.classify`` one pass at a time, so the engine's own code path runs
 and each batch's wall time is seen (progress bar, per-ticket latency).
 
 Latency, as reported: ``batch_ms`` is the wall time of the forward pass that
@@ -44,7 +44,7 @@ class ModeRun:
     title: str
     cached: bool
     pad_to: int | None
-    batches: list[bucketing.Batch]
+    batches: list[bucketing.Pass]
     preds: list  # Prediction per ticket, input order
     batch_s: list[float] = field(default_factory=list)  # wall time per batch, plan order
     done_s: list[float] = field(default_factory=list)  # per ticket, input order
@@ -58,14 +58,15 @@ class ModeRun:
     prefix_tokens_recomputed: int = 0
 
 
-def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> tuple[list[bucketing.Batch], int | None]:
+def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> tuple[list[bucketing.Pass], int | None]:
     """The batches (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode."""
     lengths = [clf.cost_length(p, spec.cached) for p in items]
     if spec.key == "sequential":
-        return [bucketing.Batch((i,), (n,)) for i, n in enumerate(lengths)], None
+        return [bucketing.Pass((i,), (n,)) for i, n in enumerate(lengths)], None
     if spec.key in ("global_pad", "arrival"):
         return bucketing.plan_arrival_order(lengths, fixed_batch), (max(lengths) if spec.global_pad else None)
-    return bucketing.plan_batches(lengths, clf.max_batch_items, clf.max_batch_tokens), None
+    o = clf.options
+    return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens), None
 
 
 def run_modes(
@@ -108,7 +109,7 @@ def run_mode(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: C
     return run_modes(clf, items, [spec], fixed_batch, on_batch=on_batch)[spec.key]
 
 
-def start(clf, items: Sequence, spec: ModeSpec, batches: list[bucketing.Batch], pad_to: int | None) -> ModeRun:
+def start(clf, items: Sequence, spec: ModeSpec, batches: list[bucketing.Pass], pad_to: int | None) -> ModeRun:
     """A run of ``spec`` over ``items`` with its batches planned, nothing executed yet."""
     run = ModeRun(spec.key, spec.title, spec.cached, pad_to, batches, preds=[None] * len(items))
     run.done_s = [0.0] * len(items)
@@ -119,12 +120,12 @@ def start(clf, items: Sequence, spec: ModeSpec, batches: list[bucketing.Batch], 
     return run
 
 
-def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Batch) -> None:
+def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Pass) -> None:
     """One planned batch through ``Classifier.classify``, timed (wall and process CPU)."""
     chunk = [items[i] for i in b.indices]
-    local = bucketing.Batch(tuple(range(len(chunk))), b.lengths)
+    local = bucketing.Pass(tuple(range(len(chunk))), b.lengths)
     c0, t0 = time.process_time(), time.perf_counter()
-    preds, stats = clf.classify(chunk, batches=[local], prefix_cache=run.cached, pad_to=run.pad_to)
+    preds, stats = clf.classify(chunk, [local], prefix_cache=run.cached, pad_to=run.pad_to)
     t1, c1 = time.perf_counter(), time.process_time()
     run.batch_s.append(t1 - t0)
     run.wall_s += t1 - t0

@@ -7,21 +7,13 @@ shared machine mostly cancels.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Sequence
 
 from worker.bench.gemm import ModelShape, computed_flops, work_flops
+from worker.engine.types import padding_pct, percentile
 
 SCHEMA = "triage-bench/1"
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (a value that really occurred)."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 def agreement(preds: Sequence, base: Sequence | None) -> tuple[float | None, float | None]:
@@ -62,7 +54,7 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
         "items_per_cpu_s": _div(n, cpu),
         "work_tokens_per_s": _div(run.work_tokens, wall),
         "tokens": t,
-        "padding_pct": 100.0 * t["padding"] / t["computed"] if t["computed"] else None,
+        "padding_pct": padding_pct(t["real"], t["computed"]) if t["computed"] else None,
         "padding_waste_x": _div(t["computed"], t["real"]),
         "computed_per_work_x": _div(t["computed"], t["work"]),
         "speedup_vs_sequential": _div(base.wall_s, wall) if base is not None else None,
@@ -70,10 +62,10 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
         "label_agreement": agree,
         "max_abs_dprob": dprob,
         "latency": {
-            "batch_ms_p50": _ms(percentile(run.item_batch_s, 50)),
-            "batch_ms_p99": _ms(percentile(run.item_batch_s, 99)),
-            "done_s_p50": percentile(run.done_s, 50),
-            "done_s_p99": percentile(run.done_s, 99),
+            "batch_ms_p50": _ms(percentile(run.item_batch_s, 50, nearest=True)),
+            "batch_ms_p99": _ms(percentile(run.item_batch_s, 99, nearest=True)),
+            "done_s_p50": percentile(run.done_s, 50, nearest=True),
+            "done_s_p99": percentile(run.done_s, 99, nearest=True),
         },
         "flops": {
             "work": work_fl,

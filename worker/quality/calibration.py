@@ -41,7 +41,7 @@ def bias_from_scores(log_scores: np.ndarray, prior: np.ndarray | None = None) ->
 
 def contextual_bias(clf: Classifier, texts: Sequence[str] = CONTENT_FREE) -> np.ndarray:
     """One small batched pass over the content-free tickets (scored without any current bias)."""
-    return bias_from_scores(clf.run_batch(content_free_items(clf, texts)))
+    return bias_from_scores(clf.run_pass(content_free_items(clf, texts)))
 
 
 def calibrate_contextual(clf: Classifier, texts: Sequence[str] = CONTENT_FREE) -> np.ndarray:

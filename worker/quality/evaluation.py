@@ -84,8 +84,8 @@ def make_classifier(loaded: LoadedModel, task: Task, settings) -> Classifier:
         max_input_tokens=settings.max_input_tokens,
         truncate=True,
         prefix_cache=settings.prefix_cache,
-        max_batch_items=settings.max_batch_items,
-        max_batch_tokens=settings.max_batch_tokens,
+        pass_max_items=settings.max_batch_items,
+        pass_max_tokens=settings.max_batch_tokens,
     )
 
 

@@ -91,7 +91,7 @@ def run_pass(
     clf: Classifier, items: Sequence[Prepared], *, score: bool = True, desc: str = "forward", progress: bool = True,
     cache_dir: Path | None = None,
 ) -> Pass:
-    """Length-bucketed batches exactly as ``clf.classify`` plans them, one ``run_batch`` each.
+    """Length-bucketed batches exactly as ``clf.classify`` plans them, one ``run_pass`` each.
 
     ``score=False`` skips label scoring (features only: cheaper with multi-token labels).
     ``cache_dir`` keeps results as .npz keyed by model, dtype, prompt and token ids, so a
@@ -126,7 +126,7 @@ def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, pro
     ) as bar:
         for b in batches:
             idx = list(b.indices)
-            scores[idx] = clf.run_batch([items[i] for i in idx])
+            scores[idx] = clf.run_pass([items[i] for i in idx])
             h_last, h_mean = tap.last.pop(), tap.mean.pop()
             if last is None:
                 last = np.zeros((n, h_last.shape[1]), dtype=np.float32)

@@ -127,8 +127,8 @@ class BatchWorker(BaseWorker):
             jobs=len(entries),
             finished=len(ok),
             failed=len(failed),
-            forward_passes=stats.batches if stats else 0,
-            batch_sizes=stats.batch_sizes if stats else [],
+            forward_passes=stats.passes if stats else 0,
+            pass_sizes=stats.pass_sizes if stats else [],
             padding_pct=round(stats.padding_pct, 1) if stats else 0.0,
             prefix_tokens_reused=stats.prefix_tokens_reused if stats else 0,
             infer_ms=round(stats.infer_ms, 1) if stats else 0.0,
@@ -139,7 +139,7 @@ class BatchWorker(BaseWorker):
 
     def _classify(self, entries: list[Entry]):
         """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error."""
-        from worker.engine.classifier import InvalidTicket
+        from worker.engine.types import InvalidTicket
         from worker.rq_jobs import job_result
 
         valid = [e for e in entries if e.error is None]

@@ -167,7 +167,7 @@ class _Loop:
         preds, stats, m.split_retries = classify_isolated(self.clf.classify, w.prepared)
         if m.split_retries:
             self.log.warning("batch_failed_split", items=len(w.prepared), failed_alone=sum(isinstance(p, Exception) for p in preds))
-        m.buckets, m.real_tokens, m.padded_tokens = stats.batches, stats.real_tokens, stats.padded_tokens
+        m.buckets, m.real_tokens, m.padded_tokens = stats.passes, stats.real_tokens, stats.padded_tokens
         m.prefix_tokens_reused, m.infer_ms = stats.prefix_tokens_reused, stats.infer_ms
         t0 = time.perf_counter()
         outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer)
