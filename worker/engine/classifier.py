@@ -19,8 +19,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from worker.engine import bucketing
-from worker.engine.device import dtype_name
+from worker.engine import bucketing, varlen
+from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.forward import PrefixKV, compute_prefix, run_forward
 from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel
@@ -61,6 +61,13 @@ class Classifier:
         self.template: PromptTemplate = build_template(self.tokenizer, task)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._set_scoring(scorer, score_bias)
+        # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
+        # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
+        self.attention = pick_attention(self.options.attention, self.model.device)
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.attention_kernel = varlen.pick_kernel(self.options.attention_kernel, self.model.device, self.model.dtype, head_dim)
+        self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if self.options.prefix_cache else None
 
     def with_scoring(self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None) -> "Classifier":
@@ -104,6 +111,8 @@ class Classifier:
             pass_overhead_tokens=settings.batch_overhead_tokens,
             confidence_threshold=settings.confidence_threshold,
             fallback_label=settings.fallback_label,
+            attention=settings.attention,
+            cuda_graphs=settings.cuda_graphs,
         )
         from worker.engine.configure import apply_scoring_settings  # head / calibration (optional features)
 
@@ -165,16 +174,23 @@ class Classifier:
         """Tokens the forward call computes for this ticket (the prefix too when it is not cached)."""
         return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length)
 
-    def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None) -> list[bucketing.Pass]:
-        """Length buckets for ``items`` under this classifier's per-pass caps."""
+    def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None, attention: str | None = None) -> list[bucketing.Pass]:
+        """Passes for ``items`` under this classifier's per-pass caps: packed (real tokens) or padded length buckets."""
         o = self.options
-        return bucketing.plan_passes(
-            [self.cost_length(p, prefix_cache) for p in items], o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens
-        )
+        lengths = [self.cost_length(p, prefix_cache) for p in items]
+        if (attention or self.attention) == "packed":
+            return bucketing.plan_packed(lengths, o.pass_max_items, o.pass_max_tokens)
+        return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens)
 
     # ---------------------------------------------------------------- forward
-    def run_pass(self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None) -> np.ndarray:
-        """One forward call for ``items`` (padded to their own longest, or ``pad_to``); returns [B, J] log-scores."""
+    def run_pass(
+        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None, attention: str | None = None
+    ) -> np.ndarray:
+        """One forward call for ``items``; returns [B, J] log-scores.
+
+        Padded: rows padded to their own longest (or ``pad_to``). Packed: one unpadded
+        token stream (``pad_to`` does not apply). ``attention`` overrides the classifier's.
+        """
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -182,17 +198,36 @@ class Classifier:
             rows, prefix, pool_from = [p.ids for p in items], self._prefix, 0
         else:
             rows, prefix, pool_from = [self.template.prefix_ids + p.ids for p in items], None, self.prefix_length
-        fwd = run_forward(
-            self.model,
-            rows,
-            self.pad_id,
-            prefix,
-            keep_cache=self.scorer.needs_cache,
-            mean_pool=self.scorer.needs_mean,
-            pool_from=pool_from,
-            pad_to=pad_to,
-        )
-        return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+        if (attention or self.attention) == "packed":
+            from worker.engine.packed import run_packed
+
+            fwd = run_packed(
+                self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache, mean_pool=self.scorer.needs_mean,
+                pool_from=pool_from, kernel=self.attention_kernel, runner=self._graph_runner(),
+            )
+            return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+        with sdpa_context(self.model.device):
+            fwd = run_forward(
+                self.model,
+                rows,
+                self.pad_id,
+                prefix,
+                keep_cache=self.scorer.needs_cache,
+                mean_pool=self.scorer.needs_mean,
+                pool_from=pool_from,
+                pad_to=pad_to,
+            )
+            return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+
+    def _graph_runner(self):
+        """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
+        if not (self.options.cuda_graphs and self.device.type == "cuda" and self.attention_kernel == "flash"):
+            return None
+        if self._graphs is None:
+            from worker.engine.graphs import GraphRunner
+
+            self._graphs = GraphRunner(self.model, self.pad_id)
+        return self._graphs if self._graphs.enabled else None
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
@@ -217,27 +252,31 @@ class Classifier:
         *,
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
+        attention: str | None = None,
     ) -> Iterator[tuple[tuple[int, ...], list[Prediction], PassStats]]:
         """Classify in length buckets (or the given ``passes``), yielding after every forward call.
 
         Yields ``(indices into items, their predictions, what the pass cost)``; a caller
         can write those results before the next pass runs. ``pad_to`` (a length in cost
-        tokens, see ``cost_length``) pads every pass to one width (benchmark baselines).
+        tokens, see ``cost_length``) pads every padded pass to one width (benchmark baselines).
+        ``attention``: "padded" or "packed" for this call (default: the classifier's).
         """
         cached = self._cached(prefix_cache)
+        attention = attention or self.attention
         if passes is None:
-            passes = self.plan(items, cached)
+            passes = self.plan(items, cached, attention)
+        timer = PassTimer(self.device)
         for b in passes:
             chunk = [items[i] for i in b.indices]
-            t0 = time.perf_counter()
-            log_scores = self.run_pass(chunk, prefix_cache=cached, pad_to=pad_to)
-            infer_ms = (time.perf_counter() - t0) * 1000
+            with timer:
+                log_scores = self.run_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
             stats = PassStats(
                 items=b.size,
                 real_tokens=b.real_tokens,
-                padded_tokens=b.size * max(b.max_len, pad_to or 0),
+                padded_tokens=b.real_tokens if attention == "packed" else b.size * max(b.max_len, pad_to or 0),
                 prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
-                infer_ms=infer_ms,
+                infer_ms=timer.wall_ms,
+                gpu_ms=timer.gpu_ms,
             )
             yield b.indices, self.postprocess(log_scores, chunk), stats
 
@@ -248,11 +287,14 @@ class Classifier:
         *,
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
+        attention: str | None = None,
     ) -> tuple[list[Prediction], RunStats]:
         """All of ``classify_passes``: predictions in input order, and the passes' stats added up."""
         preds: list[Prediction | None] = [None] * len(items)
         stats = RunStats()
-        for indices, chunk, pass_stats in self.classify_passes(items, passes, prefix_cache=prefix_cache, pad_to=pad_to):
+        for indices, chunk, pass_stats in self.classify_passes(
+            items, passes, prefix_cache=prefix_cache, pad_to=pad_to, attention=attention
+        ):
             for i, p in zip(indices, chunk):
                 preds[i] = p
             stats.add(pass_stats)
@@ -260,11 +302,38 @@ class Classifier:
         return preds, stats  # type: ignore[return-value]
 
     def reference(self, items: Sequence[Prepared]) -> list[Prediction]:
-        """Each ticket alone: no padding, no prefix cache. The answer the fast path must match."""
-        return [self.postprocess(self.run_pass([p], prefix_cache=False), [p])[0] for p in items]
+        """Each ticket alone: no padding, no prefix cache, the model's own attention. The answer the fast path must match."""
+        return [self.postprocess(self.run_pass([p], prefix_cache=False, attention="padded"), [p])[0] for p in items]
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]
+
+
+class PassTimer:
+    """A pass on the host clock (perf_counter) and, on CUDA, on the device clock (events).
+
+    The pass ends with a copy of its scores to the host, so both clocks close on the same work;
+    their difference is host time the device spent idle (launches, Python, tokenizer-side work).
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.wall_ms: float = 0.0
+        self.gpu_ms: float | None = None
+
+    def __enter__(self) -> "PassTimer":
+        if self.cuda:
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self._events[1].record()
+            self._events[1].synchronize()
+            self.gpu_ms = self._events[0].elapsed_time(self._events[1])
+        self.wall_ms = (time.perf_counter() - self._t0) * 1000
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
