@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from worker.engine import bucketing, varlen
 from worker.engine.classifier import Classifier
@@ -215,6 +216,65 @@ def test_flash_call_matches_the_installed_torch_op_schema():
     cu = torch.empty(4, dtype=torch.int32, device="meta")
     out, lse = varlen.varlen_flash(q, k, k, cu, cu, 20, 20, True, 0.125)
     assert out.shape == (t, h, d) and lse.shape == (h, t) and lse.dtype == torch.float32
+
+
+def test_old_flash_lse_layout_is_converted_to_rows():
+    cu = torch.tensor([0, 3, 3, 7], dtype=torch.int32)  # a zero-length segment in the middle
+    padded = torch.arange(3 * 2 * 5, dtype=torch.float32).view(3, 2, 5)  # [S, H, max_q]
+    rows = varlen.lse_rows(padded, cu, 7)
+    assert rows.shape == (2, 7)
+    assert rows[:, 0].tolist() == padded[0, :, 0].tolist() and rows[:, 2].tolist() == padded[0, :, 2].tolist()
+    assert rows[:, 3].tolist() == padded[2, :, 0].tolist() and rows[:, 6].tolist() == padded[2, :, 3].tolist()
+
+
+class HostTraffic(TorchDispatchMode):
+    """Records ops that read host (CPU) tensors into device tensors: a copy a CUDA graph cannot capture."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [a for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)]
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        if any(a.device.type == "cpu" for a in ins) and any(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs):
+            self.seen.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize("with_prefix", [True, False])
+def test_packed_flash_forward_is_capture_safe(with_prefix):
+    """The exact CUDA call path (flash kernel, LSE merge, the model's own layers) on the meta device.
+
+    Meta tensors have no data: any host read of a value (.item(), a tensor in an ``if``: a sync
+    during capture) raises, and any host-to-device copy shows up in ``HostTraffic``. Passing means
+    the packed forward can be captured as a CUDA graph and its shapes/arguments fit torch's ops.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from worker.engine import packed
+
+    cfg = Qwen2Config(vocab_size=300, hidden_size=14 * 16, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=14, num_key_value_heads=2)  # Qwen2.5-0.5B's heads, smaller
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg).to(torch.float16)
+    model.train(False)
+    meta = lambda *shape, dtype=torch.float16: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
+    prefix = None
+    if with_prefix:
+        prefix = packed.PrefixLayers(tuple((meta(9, 2, 16), meta(9, 2, 16)) for _ in range(2)), 9, meta(2, dtype=torch.int32))
+    call = packed.PackedCall(kernel="flash", cu_q=meta(9, dtype=torch.int32), max_q=64, prefix=prefix, keep_kv=True,
+                             cu_all=meta(2, dtype=torch.int32))
+    ids, pos = meta(120, dtype=torch.long), meta(120, dtype=torch.long)
+    with torch.inference_mode(), HostTraffic() as traffic:
+        hidden = packed.call_decoder(model, ids, pos, call)
+    assert hidden.shape == (120, cfg.hidden_size)
+    assert traffic.seen == []
+    assert len(call.kv) == 2 and call.kv[0][0].shape == (120, 2, 16)
+    with HostTraffic() as traffic:  # the check itself sees a host-to-device copy
+        torch.tensor([0, 1]).to("meta")
+    assert traffic.seen
 
 
 def test_kernel_choice():

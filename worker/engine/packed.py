@@ -50,6 +50,7 @@ class PackedCall:
     cu_q: torch.Tensor  # int32 [S + 1] row boundaries of the queries
     max_q: int
     prefix: PrefixLayers | None
+    cu_all: torch.Tensor | None = None  # int32 [0, T]: all queries as one row (against the prefix); made by for_call
     keep_kv: bool = False
     # continuation calls: row s attends to ctx rows gathered from (kept K/V ++ this call's K/V)
     ctx_index: torch.Tensor | None = None  # long [sum of context lengths]
@@ -77,8 +78,7 @@ class PackedCall:
             out, lse = fn(q, kc, vc, self.cu_q, self.cu_k, self.max_q, self.max_k, True, scale)
         if self.prefix is not None:
             pk, pv = self.prefix.layers[layer]
-            cu_all = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
-            p_out, p_lse = fn(q, pk, pv, cu_all, self.prefix.cu, q.shape[0], self.prefix.length, False, scale)
+            p_out, p_lse = fn(q, pk, pv, self.cu_all, self.prefix.cu, q.shape[0], self.prefix.length, False, scale)
             out = varlen.merge_lse(out, lse, p_out, p_lse)
         return out.unsqueeze(0)  # [1, T, H, D], what transformers' attention functions return
 
@@ -145,9 +145,16 @@ def prefix_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], length: i
 
 
 def call_decoder(model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, call: PackedCall) -> torch.Tensor:
-    """One packed forward through the model's own decoder; returns hidden states [T, H]."""
+    """One packed forward through the model's own decoder; returns hidden states [T, H].
+
+    Everything the attention function needs is on the device before the call: inside it
+    there is no host sync and no host-to-device copy, so the call can be captured as a
+    CUDA graph (tests/test_packed.py checks this on the meta device).
+    """
     from worker.engine.forward import decoder
 
+    if call.cu_all is None or call.cu_all.device != ids.device:
+        call.cu_all = torch.tensor([0, ids.shape[0]], dtype=torch.int32).to(ids.device)
     with packed_attention(model):
         out = decoder(model)(input_ids=ids[None], position_ids=pos[None], use_cache=False, triage_packed=call)
     return out.last_hidden_state[0]

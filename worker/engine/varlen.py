@@ -99,9 +99,19 @@ def varlen_flash(
     out, lse = torch.ops.aten._flash_attention_forward(
         q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale
     )[:2]
-    if lse.dim() != 2 or lse.shape[0] != q.shape[1]:  # a layout this code was not written for: fail loudly
+    if lse.dim() == 3:  # older FlashAttention builds: padded per segment, [S, H, max_q]
+        lse = lse_rows(lse, cu_q, q.shape[0])
+    if lse.shape != (q.shape[1], q.shape[0]):  # a layout this code was not written for: fail loudly
         raise RuntimeError(f"unexpected flash LSE shape {tuple(lse.shape)} for q {tuple(q.shape)}")
     return out, lse
+
+
+def lse_rows(lse: torch.Tensor, cu_q: torch.Tensor, tokens: int) -> torch.Tensor:
+    """[S, H, max_q] (per segment, padded) -> [H, tokens], on the device without a host sync."""
+    t = torch.arange(tokens, device=lse.device)
+    seg = torch.searchsorted(cu_q[1:].long(), t, right=True).clamp(max=lse.shape[0] - 1)
+    off = (t - cu_q.long()[seg]).clamp(0, lse.shape[2] - 1)
+    return lse[seg, :, off].transpose(0, 1)
 
 
 KERNELS: dict[str, Kernel] = {"torch": varlen_torch, "flash": varlen_flash}
