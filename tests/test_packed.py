@@ -144,6 +144,23 @@ def test_results_in_input_order_and_prefix_never_mutated(loaded):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
+def test_one_pass_in_flight_yields_every_pass_once_in_order(loaded, monkeypatch):
+    """CUDA's lookahead (queue pass k+1, then hand out pass k) run on the CPU: same passes, same answers."""
+    clf = make(loaded, attention="packed", pass_max_items=3)
+    items = clf.prepare_valid(TEXTS)
+    plain = list(clf.classify_passes(items))
+    launched = []
+    launch = clf.launch_pass
+    monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: launched.append(len(chunk)) or launch(chunk, **kw))
+    clf.lookahead = True
+    gen = clf.classify_passes(items)
+    first = next(gen)
+    assert len(launched) == 2  # the second pass was queued before the first was handed out
+    ahead = [first, *gen]
+    assert [r[0] for r in ahead] == [r[0] for r in plain] and len(plain) > 2
+    assert [p for r in ahead for p in r[1]] == [p for r in plain for p in r[1]]
+
+
 def test_auto_is_padded_on_cpu_and_the_setting_reaches_the_classifier(tiny_model_dir, monkeypatch, tmp_path):
     from worker.settings import Settings
 

@@ -68,6 +68,7 @@ class Classifier:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.attention_kernel = varlen.pick_kernel(self.options.attention_kernel, self.model.device, self.model.dtype, head_dim)
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
+        self.lookahead = self.model.device.type == "cuda"  # classify_passes queues the next pass before yielding
         self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if self.options.prefix_cache else None
 
     def with_scoring(self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None) -> "Classifier":
@@ -191,6 +192,19 @@ class Classifier:
         Padded: rows padded to their own longest (or ``pad_to``). Packed: one unpadded
         token stream (``pad_to`` does not apply). ``attention`` overrides the classifier's.
         """
+        return self.launch_pass(items, prefix_cache, pad_to, attention).result()
+
+    def launch_pass(
+        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None, attention: str | None = None
+    ) -> "LaunchedPass":
+        """``run_pass`` without waiting: on CUDA the pass is queued on the device and its scores copied
+        to pinned host memory asynchronously; ``.result()`` waits. Elsewhere it has run already."""
+        timer = LaunchedPass(self.device)
+        scores = self._scores(items, prefix_cache, pad_to, attention)
+        return timer.finish_launch(scores)
+
+    def _scores(self, items: Sequence[Prepared], prefix_cache: bool | None, pad_to: int | None, attention: str | None) -> torch.Tensor:
+        """[B, J] float64 log-scores on the model's device (nothing waits for the device here on CUDA)."""
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -205,7 +219,7 @@ class Classifier:
                 self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache, mean_pool=self.scorer.needs_mean,
                 pool_from=pool_from, kernel=self.attention_kernel, runner=self._graph_runner(),
             )
-            return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+            return self.scorer.scores(self.model, fwd).double()
         with sdpa_context(self.model.device):
             fwd = run_forward(
                 self.model,
@@ -217,7 +231,7 @@ class Classifier:
                 pool_from=pool_from,
                 pad_to=pad_to,
             )
-            return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+            return self.scorer.scores(self.model, fwd).double()
 
     def _graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
@@ -260,25 +274,43 @@ class Classifier:
         can write those results before the next pass runs. ``pad_to`` (a length in cost
         tokens, see ``cost_length``) pads every padded pass to one width (benchmark baselines).
         ``attention``: "padded" or "packed" for this call (default: the classifier's).
+
+        On CUDA the next pass is queued before a pass's results are read back and yielded,
+        so the device never waits for the host's per-pass work (building the next token
+        stream, softmax, the caller writing results): one pass in flight ahead.
         """
         cached = self._cached(prefix_cache)
         attention = attention or self.attention
         if passes is None:
             passes = self.plan(items, cached, attention)
-        timer = PassTimer(self.device)
+        ahead = self.lookahead
+        pending = None
         for b in passes:
             chunk = [items[i] for i in b.indices]
-            with timer:
-                log_scores = self.run_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
-            stats = PassStats(
-                items=b.size,
-                real_tokens=b.real_tokens,
-                padded_tokens=b.real_tokens if attention == "packed" else b.size * max(b.max_len, pad_to or 0),
-                prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
-                infer_ms=timer.wall_ms,
-                gpu_ms=timer.gpu_ms,
-            )
-            yield b.indices, self.postprocess(log_scores, chunk), stats
+            launched = self.launch_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
+            if pending is not None:
+                yield self._complete(*pending, cached, attention, pad_to)
+            pending = (b, chunk, launched)
+            if not ahead:
+                yield self._complete(*pending, cached, attention, pad_to)
+                pending = None
+        if pending is not None:
+            yield self._complete(*pending, cached, attention, pad_to)
+
+    def _complete(self, b: bucketing.Pass, chunk, launched: "LaunchedPass", cached: bool, attention: str, pad_to: int | None):
+        log_scores = launched.result()
+        t0 = time.perf_counter()
+        preds = self.postprocess(log_scores, chunk)
+        stats = PassStats(
+            items=b.size,
+            real_tokens=b.real_tokens,
+            padded_tokens=b.real_tokens if attention == "packed" else b.size * max(b.max_len, pad_to or 0),
+            prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
+            infer_ms=launched.wall_ms,
+            gpu_ms=launched.gpu_ms,
+            host_ms=launched.host_ms + (time.perf_counter() - t0) * 1000,
+        )
+        return b.indices, preds, stats
 
     def classify(
         self,
@@ -309,31 +341,43 @@ class Classifier:
         return self.classify(self.prepare_valid(texts))[0]
 
 
-class PassTimer:
-    """A pass on the host clock (perf_counter) and, on CUDA, on the device clock (events).
+class LaunchedPass:
+    """A pass queued on the device, with its clocks.
 
-    The pass ends with a copy of its scores to the host, so both clocks close on the same work;
-    their difference is host time the device spent idle (launches, Python, tokenizer-side work).
+    ``host_ms``: host time spent launching it (token stream, Python, kernel launches or graph
+    replay). ``gpu_ms`` (CUDA only): the device's own time for it, from events around it.
+    ``wall_ms``: launch start until its scores are on the host.
     """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.wall_ms: float = 0.0
         self.gpu_ms: float | None = None
-
-    def __enter__(self) -> "PassTimer":
+        self.host_ms = self.wall_ms = 0.0
         if self.cuda:
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self._events[0].record()
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
         self._t0 = time.perf_counter()
+
+    def finish_launch(self, scores: torch.Tensor) -> "LaunchedPass":
+        if self.cuda:
+            self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+            self._host.copy_(scores, non_blocking=True)
+            self._end.record()
+        else:
+            self._host = scores.cpu()
+        self.host_ms = (time.perf_counter() - self._t0) * 1000
+        self._done = not self.cuda
+        if self._done:
+            self.wall_ms = self.host_ms
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self._events[1].record()
-            self._events[1].synchronize()
-            self.gpu_ms = self._events[0].elapsed_time(self._events[1])
-        self.wall_ms = (time.perf_counter() - self._t0) * 1000
+    def result(self) -> np.ndarray:
+        if not self._done:
+            self._end.synchronize()
+            self.gpu_ms = self._start.elapsed_time(self._end)
+            self.wall_ms = (time.perf_counter() - self._t0) * 1000
+            self._done = True
+        return self._host.numpy()
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -168,6 +168,7 @@ class PackedState:
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer [padded_total, Hkv, D]
     prefix: PrefixLayers | None
     kernel: str
+    next_pos: torch.Tensor  # [rows] host copy: position id of each row's next token
 
 
 def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -239,7 +240,7 @@ def run_packed(
         cache=None,
         attention_mask=None,
         next_pos=(lens + past).to(dev),
-        packed=PackedState(layout, kv, players, kernel) if keep_kv else None,
+        packed=PackedState(layout, kv, players, kernel, lens + past) if keep_kv else None,
     )
 
 
@@ -253,7 +254,7 @@ def prefix_layers_of(prefix) -> PrefixLayers | None:
 
 
 @torch.inference_mode()
-def run_continuations(model: PreTrainedModel, state: PackedState, inputs: Sequence[Sequence[int]], next_pos: torch.Tensor) -> torch.Tensor:
+def run_continuations(model: PreTrainedModel, state: PackedState, inputs: Sequence[Sequence[int]]) -> torch.Tensor:
     """Hidden states of every continuation input after every row of a packed call: [rows, len(inputs), width, H].
 
     Row s of the call sees the prefix, its ticket's kept K/V and its own earlier
@@ -271,7 +272,7 @@ def run_continuations(model: PreTrainedModel, state: PackedState, inputs: Sequen
     ids = torch.tensor([t for x in inputs for t in x], dtype=torch.long).repeat(n)
     q_seg = torch.repeat_interleave(torch.arange(n * m), seg_len, output_size=q_total)
     q_off = torch.arange(q_total) - seg_qstart[q_seg]
-    pos = next_pos.cpu()[seg_row][q_seg] + q_off
+    pos = state.next_pos[seg_row][q_seg] + q_off
     cu_q = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(seg_len, 0)]).to(torch.int32)
     # context of segment (row, input): the row's own tokens (kept K/V), then the segment's tokens (this call's K/V)
     row_len = torch.tensor(layout.lengths, dtype=torch.long)[seg_row]

@@ -85,7 +85,7 @@ class PromptScorer:
         """The same sums after a packed pass: one small packed call over every (ticket, label) continuation."""
         from worker.engine.packed import run_continuations
 
-        hidden = run_continuations(model, fwd.packed, [s[:-1] for s in seqs], fwd.next_pos)  # [B, M, W, H]
+        hidden = run_continuations(model, fwd.packed, [s[:-1] for s in seqs])  # [B, M, W, H]
         b, m, width = hidden.shape[:3]
         tgt = torch.zeros(m, width, dtype=torch.long)
         valid = torch.zeros(m, width)

@@ -73,6 +73,7 @@ class PassStats:
     prefix_tokens_reused: int = 0  # prompt-prefix tokens read from the shared KV cache instead of computed
     infer_ms: float = 0.0  # forward + scoring, device synchronised by the copy of the scores to the host
     gpu_ms: float | None = None  # the same pass on the device's clock (CUDA events); None off CUDA
+    host_ms: float = 0.0  # host time spent on the pass (launch + postprocess; on the CPU: all of it)
 
     @property
     def padding_pct(self) -> float:
@@ -90,6 +91,7 @@ class RunStats:
     prefix_tokens_reused: int = 0
     infer_ms: float = 0.0
     gpu_ms: float = 0.0  # device time of the passes (CUDA events; 0 off CUDA)
+    host_ms: float = 0.0  # host time of the passes (launch + postprocess)
     pass_sizes: list[int] = field(default_factory=list)  # items per pass, in run order
 
     @property
@@ -105,6 +107,7 @@ class RunStats:
         self.prefix_tokens_reused += p.prefix_tokens_reused
         self.infer_ms += p.infer_ms
         self.gpu_ms += p.gpu_ms or 0.0
+        self.host_ms += p.host_ms
         self.pass_sizes.append(p.items)
 
     def merge(self, other: "RunStats") -> None:
@@ -115,6 +118,7 @@ class RunStats:
         self.prefix_tokens_reused += other.prefix_tokens_reused
         self.infer_ms += other.infer_ms
         self.gpu_ms += other.gpu_ms
+        self.host_ms += other.host_ms
         self.pass_sizes.extend(other.pass_sizes)
 
 
