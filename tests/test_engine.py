@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from worker.assemble import build_classifier
 from worker.engine.classifier import Classifier, InvalidTicket
 from worker.engine.loader import load_model
 from worker.engine.prompt import system_text
@@ -40,12 +41,12 @@ def max_delta(a, b):
     return max(abs(x.scores[k] - y.scores[k]) for x, y in zip(a, b) for k in x.scores)
 
 
-def test_from_settings_loads_through_model_path(tiny_model_dir, monkeypatch, tmp_path):
+def test_build_classifier_loads_through_model_path(tiny_model_dir, monkeypatch, tmp_path):
     monkeypatch.setenv("TRIAGE_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("TRIAGE_DTYPE", "fp32")
     monkeypatch.setenv("TRIAGE_LABELS", "billing, technical,account")
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path))
-    clf = Classifier.from_settings(Settings())
+    clf = build_classifier(Settings())
     assert clf.labels == ("billing", "technical", "account")
     assert clf.dtype_name == "fp32"
     preds = clf.classify_texts(["my card was charged twice"])

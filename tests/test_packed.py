@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from worker.engine import bucketing, varlen
 from worker.engine.classifier import Classifier
 from worker.engine.compat import cache_kwarg, output_cache
-from worker.engine.configure import apply_scoring_settings
+from worker.assemble import choose_scorer
 from worker.engine.loader import load_model
 from worker.engine.task import Task, default_task
 
@@ -84,9 +84,8 @@ def test_packed_equals_padded_and_reference_prompt_scoring(loaded, task, prefix_
 
 def test_packed_head_scoring_mean_pools_the_ticket_tokens_only(loaded):
     """The default scorer (a centroid head on mean-pooled hidden states) gives the padded path's answers."""
-    settings = SimpleNamespace(scorer="auto", head_path=None, calibration="none")
     clf = make(loaded, attention="packed")
-    apply_scoring_settings(clf, settings)
+    clf = clf.with_scoring(choose_scorer(clf, SimpleNamespace(scorer="auto", head_path=None)))
     assert type(clf.scorer).__name__ == "HeadScorer" and clf.scorer.needs_mean
     items = clf.prepare_valid(TEXTS)
     assert_same(clf.classify(items)[0], clf.classify(items, attention="padded")[0])
@@ -96,15 +95,15 @@ def test_packed_head_scoring_mean_pools_the_ticket_tokens_only(loaded):
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_pooled_hidden_states_match_the_padded_pass(loaded, prefix_cache):
     """h_last and h_mean themselves (not only probabilities): the pooling window is the ticket's suffix."""
-    from worker.quality.features import PoolOnly, tapped
+    from worker.quality.features import FeatureTap, PoolOnly
 
-    clf = make(loaded, prefix_cache=prefix_cache, attention="packed")
-    items = clf.prepare_valid(TEXTS)
+    base = make(loaded, prefix_cache=prefix_cache, attention="packed")
+    items = base.prepare_valid(TEXTS)
+    one_pass = [bucketing.Pass(tuple(range(len(items))), tuple(base.cost_length(p) for p in items))]
     got = {}
     for attention in ("packed", "padded"):
-        with tapped(clf, PoolOnly(clf.labels)) as tap:
-            clf.classify(items, passes=[bucketing.Pass(tuple(range(len(items))), tuple(len(p.ids) for p in items))],
-                         attention=attention)
+        tap = FeatureTap(PoolOnly(base.labels))
+        base.with_scoring(tap).classify(items, one_pass, attention=attention)
         got[attention] = (tap.last[0], tap.mean[0])
     for a, b in zip(got["packed"], got["padded"]):
         assert abs(a - b).max() < 1e-4 * max(1.0, abs(b).max())
@@ -161,19 +160,25 @@ def test_one_pass_in_flight_yields_every_pass_once_in_order(loaded, monkeypatch)
     assert [p for r in ahead for p in r[1]] == [p for r in plain for p in r[1]]
 
 
-def test_auto_is_padded_on_cpu_and_the_setting_reaches_the_classifier(tiny_model_dir, monkeypatch, tmp_path):
+def test_auto_is_padded_on_cpu_and_the_settings_reach_the_classifier(tiny_model_dir, monkeypatch, tmp_path):
+    from worker.assemble import GPU_PASS_DEFAULTS, build_classifier, engine_options
     from worker.settings import Settings
 
     monkeypatch.setenv("TRIAGE_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("TRIAGE_DTYPE", "fp32")
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path))
-    assert Classifier.from_settings(Settings()).attention == "padded"
+    monkeypatch.setenv("TRIAGE_SCORER", "prompt")
+    assert build_classifier(Settings()).attention == "padded"
     monkeypatch.setenv("TRIAGE_ATTENTION", "packed")
-    clf = Classifier.from_settings(Settings())
+    clf = build_classifier(Settings())
+    items = clf.prepare_valid(TEXTS)
     assert clf.attention == "packed"
-    assert clf.plan(clf.prepare_valid(TEXTS)) == bucketing.plan_packed(
-        [len(p.ids) for p in clf.prepare_valid(TEXTS)], clf.options.pass_max_items, clf.options.pass_max_tokens
-    )
+    assert clf.plan(items) == bucketing.plan_packed([len(p.ids) for p in items], 64, 8192)
+    # on CUDA, caps left unset get the GPU defaults; caps set by the user stay
+    monkeypatch.setenv("TRIAGE_PASS_MAX_ITEMS", "100")
+    opts = engine_options(Settings(), torch.device("cuda"))
+    assert opts.pass_max_items == 100 and opts.pass_max_tokens == GPU_PASS_DEFAULTS["pass_max_tokens"]
+    assert engine_options(Settings(), torch.device("cpu")).pass_max_tokens == 8192
 
 
 # ------------------------------------------------------------------- kernels

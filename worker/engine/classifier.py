@@ -89,37 +89,6 @@ class Classifier:
             raise ValueError(f"score_bias needs one value per label ({len(self.labels)}), got shape {bias.shape}")
         self.score_bias = bias  # calibration: subtracted from log-scores
 
-    # ------------------------------------------------------------------ build
-    @classmethod
-    def from_settings(cls, settings, task: Task | None = None) -> "Classifier":
-        from worker.engine.device import pick_device, pick_dtype
-        from worker.engine.loader import load_model
-        from worker.engine.task import task_from_settings
-
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
-        device = pick_device(settings.device)
-        dtype = pick_dtype(device, settings.dtype)
-        loaded = load_model(settings.model, device, dtype, settings.cache_dir)
-        clf = cls(
-            loaded,
-            task or task_from_settings(settings),
-            max_input_tokens=settings.max_input_tokens,
-            truncate=settings.truncate,
-            prefix_cache=settings.prefix_cache,
-            pass_max_items=settings.max_batch_items,
-            pass_max_tokens=settings.max_batch_tokens,
-            pass_overhead_tokens=settings.batch_overhead_tokens,
-            confidence_threshold=settings.confidence_threshold,
-            fallback_label=settings.fallback_label,
-            attention=settings.attention,
-            cuda_graphs=settings.cuda_graphs,
-        )
-        from worker.engine.configure import apply_scoring_settings  # head / calibration (optional features)
-
-        apply_scoring_settings(clf, settings)
-        return clf
-
     @property
     def labels(self) -> tuple[str, ...]:
         return self.task.labels
