@@ -164,6 +164,8 @@ def test_auto_is_padded_on_cpu_and_the_settings_reach_the_classifier(tiny_model_
     from worker.assemble import GPU_PASS_DEFAULTS, build_classifier, engine_options
     from worker.settings import Settings
 
+    for name in ("TRIAGE_ATTENTION", "TRIAGE_PASS_MAX_ITEMS", "TRIAGE_PASS_MAX_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TRIAGE_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("TRIAGE_DTYPE", "fp32")
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path))
@@ -297,6 +299,22 @@ def test_packed_flash_forward_is_capture_safe(with_prefix):
     with HostTraffic() as traffic:  # the check itself sees a host-to-device copy
         torch.tensor([0, 1]).to("meta")
     assert traffic.seen
+
+
+def test_a_kernel_that_fails_its_self_test_is_not_used(loaded, monkeypatch):
+    assert varlen.self_test("torch", torch.device("cpu"), torch.float32) is None
+
+    def broken(q, k, v, *args):  # e.g. a flash build that answers, but wrongly
+        out, lse = varlen.varlen_torch(q, k, v, *args)
+        return out * 1.5, lse
+
+    monkeypatch.setitem(varlen.KERNELS, "flash", broken)
+    assert "differs" in varlen.self_test("flash", torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(varlen, "pick_kernel", lambda *a: "flash")
+    clf = make(loaded, attention="packed")
+    assert clf.attention_kernel == "torch"  # fell back: exact answers instead of wrong ones
+    items = clf.prepare_valid(TEXTS[:3])
+    assert_same(clf.classify(items)[0], clf.reference(items))
 
 
 def test_kernel_choice():

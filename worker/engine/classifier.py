@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 from typing import Iterator, Sequence
 
@@ -30,6 +31,8 @@ from worker.engine.task import Task
 
 # Re-exported: the types used to live here and callers outside the engine may import them from here.
 from worker.engine.types import EngineOptions, InvalidTicket, PassStats, Prediction, Prepared, RunStats
+
+log = logging.getLogger("triage.engine")
 
 __all__ = ["Classifier", "EngineOptions", "InvalidTicket", "PassStats", "Prediction", "Prepared", "RunStats", "softmax"]
 
@@ -67,6 +70,11 @@ class Classifier:
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.attention_kernel = varlen.pick_kernel(self.options.attention_kernel, self.model.device, self.model.dtype, head_dim)
+        if self.attention == "packed" and self.attention_kernel != "torch":
+            problem = varlen.self_test(self.attention_kernel, self.model.device, self.model.dtype, head_dim)
+            if problem:
+                log.warning("packed attention falls back to the torch kernel: %s", problem)
+                self.attention_kernel = "torch"
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         self.lookahead = self.model.device.type == "cuda"  # classify_passes queues the next pass before yielding
         self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if self.options.prefix_cache else None

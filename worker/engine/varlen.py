@@ -136,6 +136,29 @@ def pick_kernel(requested: str, device: torch.device, dtype: torch.dtype, head_d
     return requested
 
 
+def self_test(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> str | None:
+    """Run ``kernel`` once against the torch kernel on small random rows (GQA 7:1, causal and not, a
+    zero-length row, fewer queries than keys). None if it agrees, else what went wrong: the engine then
+    falls back to the exact torch kernel instead of failing, or answering wrongly, on a new device."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q_lens, k_lens = [5, 0, 37, 1], [5, 0, 45, 3]
+    q = torch.randn(sum(q_lens), 14, head_dim, generator=gen).to(device, dtype)
+    k = torch.randn(sum(k_lens), 2, head_dim, generator=gen).to(device, dtype)
+    v = torch.randn(sum(k_lens), 2, head_dim, generator=gen).to(device, dtype)
+    cu = lambda lens: torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32).to(device)  # noqa: E731
+    try:
+        for causal in (True, False):
+            args = (q, k, v, cu(q_lens), cu(k_lens), max(q_lens), max(k_lens), causal, default_scale(head_dim))
+            out, lse = KERNELS[kernel](*args)
+            ref, ref_lse = varlen_torch(*args)
+            err = max((out.float() - ref.float()).abs().max().item(), (lse - ref_lse).abs().max().item())
+            if not err < 3e-2:
+                return f"{kernel} differs from the torch kernel by {err:.3g} (causal={causal})"
+    except Exception as e:  # noqa: BLE001 -- any failure means: do not use this kernel here
+        return f"{kernel} failed: {type(e).__name__}: {e}"
+    return None
+
+
 def merge_lse(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
     """Attention over key sets A and B from the results over each alone (exact).
 
