@@ -201,11 +201,15 @@ def naive_attention(q, k, v, q_lens, k_lens, causal, scale):
     return out, lse
 
 
+@pytest.mark.parametrize("cpu_flash", [True, False], ids=["cpu-flash", "matmul"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_torch_varlen_kernel_matches_naive_attention_with_gqa(causal):
+def test_torch_varlen_kernel_matches_naive_attention_with_gqa(causal, cpu_flash, monkeypatch):
+    monkeypatch.setattr(varlen, "CPU_FLASH", cpu_flash and varlen.CPU_FLASH)  # matmul: what CUDA's fp32 path runs
+    monkeypatch.setattr(varlen, "TORCH_BLOCK_ELEMENTS", 2000)  # several blocks per length group
     torch.manual_seed(0)
     h, hkv, d = 14, 2, 16  # Qwen2.5-0.5B's head ratio
-    q_lens, k_lens = [3, 1, 7, 0, 5], [3, 4, 9, 0, 5]  # a zero-length row; queries fewer than keys (bottom-right)
+    # a zero-length row; queries fewer than keys (bottom-right); lengths in several powers of two
+    q_lens, k_lens = [3, 1, 7, 0, 5, 17, 2, 6], [3, 4, 9, 0, 5, 17, 2, 30]
     q = torch.randn(sum(q_lens), h, d, dtype=torch.float64)
     k = torch.randn(sum(k_lens), hkv, d, dtype=torch.float64)
     v = torch.randn(sum(k_lens), hkv, d, dtype=torch.float64)

@@ -25,8 +25,10 @@ import torch
 
 Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
-# Elements of one [segments, heads, q, k] score block in the torch kernel (fp32: 4 bytes each).
+# Scores of one [segments, heads, q, k] block of the torch kernel at most (fp32: 4 bytes each).
 TORCH_BLOCK_ELEMENTS = 1 << 26
+# PyTorch's CPU flash kernel returns the LSE too; the matmul path below is the fallback (and CUDA's fp32 path).
+CPU_FLASH = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def varlen_torch(
@@ -40,48 +42,71 @@ def varlen_torch(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference varlen attention: segments gathered into a padded block, masked, softmax in fp32."""
+    """Reference varlen attention in fp32: segments of similar length gathered into padded blocks, masked.
+
+    Segments are grouped by the power of two of their query length (padding inside a block stays
+    under 2x) and blocks are capped at ``TORCH_BLOCK_ELEMENTS`` scores. On the CPU each block goes
+    to PyTorch's CPU flash kernel (which returns the LSE too); elsewhere to plain matmuls. Reads
+    the segment lengths on the host: never used inside a CUDA graph.
+    """
     tq, h, d = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     group = h // hkv
     dev = q.device
     out = torch.zeros(tq, h, v.shape[-1], dtype=q.dtype, device=dev)
     lse = torch.full((h, tq), float("-inf"), dtype=torch.float32, device=dev)
-    segments = cu_q.numel() - 1
-    if segments == 0 or tq == 0 or tk == 0:
-        return out, lse
-    cu_q, cu_k = cu_q.long(), cu_k.long()
-    ar_q = torch.arange(max_q, device=dev)
-    ar_k = torch.arange(max_k, device=dev)
-    chunk = max(1, TORCH_BLOCK_ELEMENTS // max(1, h * max_q * max_k))
-    for s0 in range(0, segments, chunk):
-        s1 = min(segments, s0 + chunk)
-        len_q = cu_q[s0 + 1 : s1 + 1] - cu_q[s0:s1]  # [c]
-        len_k = cu_k[s0 + 1 : s1 + 1] - cu_k[s0:s1]
-        iq = cu_q[s0:s1, None] + ar_q[None, :]  # [c, Lq]
-        ik = cu_k[s0:s1, None] + ar_k[None, :]  # [c, Lk]
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    lens_q = [b - a for a, b in zip(starts_q, starts_q[1:])]
+    lens_k = [b - a for a, b in zip(starts_k, starts_k[1:])]
+    live = [s for s in range(len(lens_q)) if lens_q[s] and lens_k[s]]
+    live.sort(key=lambda s: (lens_q[s], lens_k[s]))
+    blocks, cur = [], []
+    for s in live:
+        if cur:
+            lq, lk = lens_q[s], max(lens_k[x] for x in cur + [s])
+            same_octave = lq.bit_length() == lens_q[cur[0]].bit_length()
+            if not same_octave or (len(cur) + 1) * h * lq * lk > TORCH_BLOCK_ELEMENTS:
+                blocks.append(cur)
+                cur = []
+        cur.append(s)
+    if cur:
+        blocks.append(cur)
+    for seg in blocks:
+        lq, lk = max(lens_q[s] for s in seg), max(lens_k[s] for s in seg)
+        len_q = torch.tensor([lens_q[s] for s in seg], device=dev)
+        len_k = torch.tensor([lens_k[s] for s in seg], device=dev)
+        ar_q, ar_k = torch.arange(lq, device=dev), torch.arange(lk, device=dev)
+        iq = torch.tensor([starts_q[s] for s in seg], device=dev)[:, None] + ar_q[None, :]  # [c, Lq]
+        ik = torch.tensor([starts_k[s] for s in seg], device=dev)[:, None] + ar_k[None, :]
         vq = ar_q[None, :] < len_q[:, None]
         vk = ar_k[None, :] < len_k[:, None]
-        qs = q[iq.clamp(max=tq - 1)].float()  # [c, Lq, H, D]
-        ks = k[ik.clamp(max=tk - 1)].float()  # [c, Lk, Hkv, D]
-        vs = v[ik.clamp(max=tk - 1)].float()
+        qs = q[iq.clamp(max=tq - 1)].float().transpose(1, 2)  # [c, H, Lq, D]
+        ks = k[ik.clamp(max=tk - 1)].float().transpose(1, 2)  # [c, Hkv, Lk, D]
+        vs = v[ik.clamp(max=tk - 1)].float().transpose(1, 2)
         if group > 1:  # query head j reads kv head j // group (transformers' repeat_kv)
-            ks = ks.repeat_interleave(group, dim=2)
-            vs = vs.repeat_interleave(group, dim=2)
-        scores = torch.einsum("cqhd,ckhd->chqk", qs, ks) * scale
-        allowed = vq[:, None, :, None] & vk[:, None, None, :]
+            ks = ks.repeat_interleave(group, dim=1)
+            vs = vs.repeat_interleave(group, dim=1)
+        allowed = vq[:, :, None] & vk[:, None, :]  # [c, Lq, Lk]
         if causal:
             shift = (len_k - len_q)[:, None, None]
-            allowed = allowed & (ar_k[None, None, :] <= ar_q[None, :, None] + shift)[:, None]
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        seg_lse = torch.logsumexp(scores, dim=-1)  # [c, H, Lq]; -inf where a row sees nothing
-        probs = torch.exp(scores - seg_lse.unsqueeze(-1).clamp(min=torch.finfo(torch.float32).min))
-        probs = probs.masked_fill(~allowed, 0.0)
-        o = torch.einsum("chqk,ckhd->cqhd", probs, vs)
+            allowed = allowed & (ar_k[None, None, :] <= ar_q[None, :, None] + shift)
+        o, seg_lse = _attend_block(qs, ks, vs, allowed[:, None], scale)  # [c, H, Lq, D], [c, H, Lq]
         rows = iq[vq]
-        out[rows] = o[vq].to(q.dtype)
+        out[rows] = o.transpose(1, 2)[vq].to(q.dtype)
         lse[:, rows] = seg_lse.permute(1, 0, 2)[:, vq]
     return out, lse
+
+
+def _attend_block(q, k, v, allowed, scale):
+    """Softmax attention of a padded block [c, H, L, D] under a boolean mask [c, 1, Lq, Lk]; returns (out, lse)."""
+    if CPU_FLASH and q.device.type == "cpu":
+        bias = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    seg_lse = torch.logsumexp(scores, dim=-1)  # -inf where a row sees nothing
+    probs = torch.exp(scores - seg_lse.unsqueeze(-1).clamp(min=torch.finfo(torch.float32).min))
+    return probs @ v, seg_lse
 
 
 def varlen_flash(
