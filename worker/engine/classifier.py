@@ -177,11 +177,16 @@ class Classifier:
         """``run_pass`` without waiting: on CUDA the pass is queued on the device and its scores copied
         to pinned host memory asynchronously; ``.result()`` waits. Elsewhere it has run already."""
         timer = LaunchedPass(self.device)
-        scores = self._scores(items, prefix_cache, pad_to, attention)
+        scores = self._scores(items, prefix_cache, pad_to, attention, timer.mark)
         return timer.finish_launch(scores)
 
-    def _scores(self, items: Sequence[Prepared], prefix_cache: bool | None, pad_to: int | None, attention: str | None) -> torch.Tensor:
-        """[B, J] float64 log-scores on the model's device (nothing waits for the device here on CUDA)."""
+    def _scores(
+        self, items: Sequence[Prepared], prefix_cache: bool | None, pad_to: int | None, attention: str | None, on_device=None
+    ) -> torch.Tensor:
+        """[B, J] float64 log-scores on the model's device (nothing waits for the device here on CUDA).
+
+        ``on_device()`` is called once the host-side preparation is done, right before the pass's first device work.
+        """
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -194,7 +199,7 @@ class Classifier:
 
             fwd = run_packed(
                 self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache, mean_pool=self.scorer.needs_mean,
-                pool_from=pool_from, kernel=self.attention_kernel, runner=self._graph_runner(),
+                pool_from=pool_from, kernel=self.attention_kernel, runner=self._graph_runner(), on_device=on_device,
             )
             return self.scorer.scores(self.model, fwd).double()
         with sdpa_context(self.model.device):
@@ -207,6 +212,7 @@ class Classifier:
                 mean_pool=self.scorer.needs_mean,
                 pool_from=pool_from,
                 pad_to=pad_to,
+                on_device=on_device,
             )
             return self.scorer.scores(self.model, fwd).double()
 
@@ -322,7 +328,9 @@ class LaunchedPass:
     """A pass queued on the device, with its clocks.
 
     ``host_ms``: host time spent launching it (token stream, Python, kernel launches or graph
-    replay). ``gpu_ms`` (CUDA only): the device's own time for it, from events around it.
+    replay). ``gpu_ms`` (CUDA only): device time from the pass's first device work (``mark``, after
+    the host-side preparation) to its scores landing in host memory, from CUDA events; device time
+    waiting for the host's launches inside that span counts, time before it does not.
     ``wall_ms``: launch start until its scores are on the host.
     """
 
@@ -330,12 +338,19 @@ class LaunchedPass:
         self.cuda = device.type == "cuda"
         self.gpu_ms: float | None = None
         self.host_ms = self.wall_ms = 0.0
+        self._marked = False
         if self.cuda:
             self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self._start.record()
         self._t0 = time.perf_counter()
 
+    def mark(self) -> None:
+        """The host has prepared the pass; its device work is queued from here on."""
+        if self.cuda and not self._marked:
+            self._start.record()
+        self._marked = True
+
     def finish_launch(self, scores: torch.Tensor) -> "LaunchedPass":
+        self.mark()  # a path that never called it: the span is then only the host copy
         if self.cuda:
             self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
             self._host.copy_(scores, non_blocking=True)

@@ -62,12 +62,14 @@ def run_forward(
     mean_pool: bool,
     pool_from: int = 0,
     pad_to: int | None = None,
+    on_device=None,
 ) -> ForwardOut:
     """Forward ``rows`` (each a full suffix, or prefix+suffix when ``prefix`` is None), right-padded.
 
     ``pool_from`` skips that many leading tokens of every row when mean-pooling
     (the uncached path uses it to pool over the suffix only, like the cached path).
     ``pad_to`` pads to a fixed width instead of the batch's own longest (benchmark baseline).
+    ``on_device()`` is called once the host tensors are built, before any device work (pass timing).
     """
     dev = model.device
     b, s = len(rows), max(max(len(r) for r in rows), pad_to or 0)
@@ -78,6 +80,8 @@ def run_forward(
     real = (torch.arange(s)[None, :] < lens[:, None]).long()
     past = prefix.length if prefix is not None else 0
     mask = torch.cat([torch.ones(b, past, dtype=torch.long), real], dim=1) if past else real
+    if on_device is not None:
+        on_device()
     ids, mask, real, lens_d = ids.to(dev), mask.to(dev), real.to(dev), lens.to(dev)
     cache = prefix.expanded(b) if prefix is not None else (DynamicCache() if keep_cache else None)
     dec = decoder(model)

@@ -203,6 +203,7 @@ def run_packed(
     pool_from: int = 0,
     kernel: str = "torch",
     runner=None,  # graphs.GraphRunner | None
+    on_device=None,  # called once the host-side tensors are built, before any device work (pass timing)
 ):
     """Forward ``rows`` as one packed stream (after the shared prefix when given); returns ``forward.ForwardOut``."""
     from worker.engine.forward import ForwardOut
@@ -214,6 +215,8 @@ def run_packed(
     if runner is not None:
         layout = runner.layout_for(layout)
     ids, pos, cu, row, offset = stream_tensors(rows, layout, past, pad_id)
+    if on_device is not None:
+        on_device()
     hidden, kv = None, []
     if runner is not None:
         got = runner.run(layout, ids, pos, cu, players, keep_kv, kernel)
