@@ -68,7 +68,8 @@ def assert_same(a, b):
 @pytest.mark.parametrize("task", [default_task(), MULTI], ids=["default", "multi-token"])
 @pytest.mark.parametrize("prefix_cache", [True, False], ids=["prefix-cache", "no-prefix-cache"])
 def test_packed_equals_padded_and_reference_prompt_scoring(loaded, task, prefix_cache):
-    clf = make(loaded, task, prefix_cache=prefix_cache, attention="packed", pass_max_tokens=900 if prefix_cache else 4000)
+    cap = 900 if prefix_cache else 4000
+    clf = make(loaded, task, prefix_cache=prefix_cache, attention="packed", pass_max_tokens=cap)
     assert clf.attention == "packed" and clf.attention_kernel == "torch"
     if task is MULTI:
         assert clf.scorer.labels.multi  # continuation tokens really are scored
@@ -266,7 +267,8 @@ class HostTraffic(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         ins = [a for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)]
         outs = out if isinstance(out, (tuple, list)) else [out]
-        if any(a.device.type == "cpu" for a in ins) and any(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs):
+        to_meta = any(isinstance(o, torch.Tensor) and o.device.type == "meta" for o in outs)
+        if to_meta and any(a.device.type == "cpu" for a in ins):
             self.seen.append(str(func))
         return out
 
@@ -291,7 +293,8 @@ def test_packed_flash_forward_is_capture_safe(with_prefix):
     meta = lambda *shape, dtype=torch.float16: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
     prefix = None
     if with_prefix:
-        prefix = packed.PrefixLayers(tuple((meta(9, 2, 16), meta(9, 2, 16)) for _ in range(2)), 9, meta(2, dtype=torch.int32))
+        layers = tuple((meta(9, 2, 16), meta(9, 2, 16)) for _ in range(2))
+        prefix = packed.PrefixLayers(layers, 9, meta(2, dtype=torch.int32))
     call = packed.PackedCall(kernel="flash", cu_q=meta(9, dtype=torch.int32), max_q=64, prefix=prefix, keep_kv=True,
                              cu_all=meta(2, dtype=torch.int32))
     ids, pos = meta(120, dtype=torch.long), meta(120, dtype=torch.long)
@@ -374,7 +377,7 @@ def test_flash_kernel_matches_torch_kernel_on_cuda(dtype):
     q = torch.randn(sum(q_lens), h, d, device=dev, dtype=dtype)
     k = torch.randn(sum(k_lens), hkv, d, device=dev, dtype=dtype)
     v = torch.randn(sum(k_lens), hkv, d, device=dev, dtype=dtype)
-    cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=dev)  # noqa: E731
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0)], dtype=torch.int32, device=dev)  # noqa: E731
     for causal in (True, False):
         args = (q, k, v, cu(q_lens), cu(k_lens), max(q_lens), max(k_lens), causal, 0.125)
         fo, fl = varlen.varlen_flash(*args)

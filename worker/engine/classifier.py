@@ -69,7 +69,8 @@ class Classifier:
         self.attention = pick_attention(self.options.attention, self.model.device)
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.attention_kernel = varlen.pick_kernel(self.options.attention_kernel, self.model.device, self.model.dtype, head_dim)
+        kernel = self.options.attention_kernel
+        self.attention_kernel = varlen.pick_kernel(kernel, self.model.device, self.model.dtype, head_dim)
         if self.attention == "packed" and self.attention_kernel != "torch":
             problem = varlen.self_test(self.attention_kernel, self.model.device, self.model.dtype, head_dim)
             if problem:
@@ -152,7 +153,9 @@ class Classifier:
         """Tokens the forward call computes for this ticket (the prefix too when it is not cached)."""
         return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length)
 
-    def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None, attention: str | None = None) -> list[bucketing.Pass]:
+    def plan(
+        self, items: Sequence[Prepared], prefix_cache: bool | None = None, attention: str | None = None
+    ) -> list[bucketing.Pass]:
         """Passes for ``items`` under this classifier's per-pass caps: packed (real tokens) or padded length buckets."""
         o = self.options
         lengths = [self.cost_length(p, prefix_cache) for p in items]
@@ -162,7 +165,11 @@ class Classifier:
 
     # ---------------------------------------------------------------- forward
     def run_pass(
-        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None, attention: str | None = None
+        self,
+        items: Sequence[Prepared],
+        prefix_cache: bool | None = None,
+        pad_to: int | None = None,
+        attention: str | None = None,
     ) -> np.ndarray:
         """One forward call for ``items``; returns [B, J] log-scores.
 
@@ -172,7 +179,11 @@ class Classifier:
         return self.launch_pass(items, prefix_cache, pad_to, attention).result()
 
     def launch_pass(
-        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None, attention: str | None = None
+        self,
+        items: Sequence[Prepared],
+        prefix_cache: bool | None = None,
+        pad_to: int | None = None,
+        attention: str | None = None,
     ) -> "LaunchedPass":
         """``run_pass`` without waiting: on CUDA the pass is queued on the device and its scores copied
         to pinned host memory asynchronously; ``.result()`` waits. Elsewhere it has run already."""
@@ -181,7 +192,12 @@ class Classifier:
         return timer.finish_launch(scores)
 
     def _scores(
-        self, items: Sequence[Prepared], prefix_cache: bool | None, pad_to: int | None, attention: str | None, on_device=None
+        self,
+        items: Sequence[Prepared],
+        prefix_cache: bool | None,
+        pad_to: int | None,
+        attention: str | None,
+        on_device=None,
     ) -> torch.Tensor:
         """[B, J] float64 log-scores on the model's device (nothing waits for the device here on CUDA).
 
@@ -198,8 +214,9 @@ class Classifier:
             from worker.engine.packed import run_packed
 
             fwd = run_packed(
-                self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache, mean_pool=self.scorer.needs_mean,
-                pool_from=pool_from, kernel=self.attention_kernel, runner=self._graph_runner(), on_device=on_device,
+                self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache,
+                mean_pool=self.scorer.needs_mean, pool_from=pool_from, kernel=self.attention_kernel,
+                runner=self._graph_runner(), on_device=on_device,
             )
             return self.scorer.scores(self.model, fwd).double()
         with sdpa_context(self.model.device):
@@ -280,7 +297,9 @@ class Classifier:
         if pending is not None:
             yield self._complete(*pending, cached, attention, pad_to)
 
-    def _complete(self, b: bucketing.Pass, chunk, launched: "LaunchedPass", cached: bool, attention: str, pad_to: int | None):
+    def _complete(
+        self, b: bucketing.Pass, chunk, launched: "LaunchedPass", cached: bool, attention: str, pad_to: int | None
+    ):
         log_scores = launched.result()
         t0 = time.perf_counter()
         preds = self.postprocess(log_scores, chunk)
@@ -317,7 +336,9 @@ class Classifier:
         return preds, stats  # type: ignore[return-value]
 
     def reference(self, items: Sequence[Prepared]) -> list[Prediction]:
-        """Each ticket alone: no padding, no prefix cache, the model's own attention. The answer the fast path must match."""
+        """Each ticket alone: no padding, no prefix cache, the model's own attention (padded path).
+
+        The answer the fast path must match."""
         return [self.postprocess(self.run_pass([p], prefix_cache=False, attention="padded"), [p])[0] for p in items]
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:

@@ -59,7 +59,8 @@ class PackedCall:
     base_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # filled when keep_kv
 
-    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+               ) -> torch.Tensor:
         # transformers hands over [1, H, T, D] views of [1, T, H, D] storage: back to [T, H, D] without a copy
         q = query[0].transpose(0, 1).contiguous()
         k = key[0].transpose(0, 1).contiguous()

@@ -102,7 +102,8 @@ def _attend_block(q, k, v, allowed, scale):
     """Softmax attention of a padded block [c, H, L, D] under a boolean mask [c, 1, Lq, Lk]; returns (out, lse)."""
     if CPU_FLASH and q.device.type == "cpu":
         bias = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return cpu_flash(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
     scores = (q @ k.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     seg_lse = torch.logsumexp(scores, dim=-1)  # -inf where a row sees nothing
@@ -179,13 +180,15 @@ def self_test(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: i
             q = torch.randn(sum(q_lens), 14, head_dim, generator=gen).to(device, dtype)
             k = torch.randn(sum(k_lens), 2, head_dim, generator=gen).to(device, dtype)
             v = torch.randn(sum(k_lens), 2, head_dim, generator=gen).to(device, dtype)
-            cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(x)), dtype=torch.int32).to(device) for x in (q_lens, k_lens))
+            cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32).to(device)
+                          for x in (q_lens, k_lens))
             for causal in causals:
                 args = (q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal, default_scale(head_dim))
                 out, lse = KERNELS[kernel](*args)
                 ref, ref_lse = varlen_torch(*args)
                 rows = torch.cat([torch.arange(a, b) for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist())]).to(device)
-                err = max((out.float() - ref.float())[rows].abs().max().item(), (lse - ref_lse)[:, rows].abs().max().item())
+                err = max((out.float() - ref.float())[rows].abs().max().item(),
+                          (lse - ref_lse)[:, rows].abs().max().item())
                 if not err < 3e-2:
                     return f"{kernel} differs from the torch kernel by {err:.3g} (rows {q_lens}, causal={causal})"
     except Exception as e:  # noqa: BLE001 -- any failure means: do not use this kernel here
