@@ -106,7 +106,8 @@ def test_no_import_cycles_inside_worker():
 
 
 def test_engine_imports_nothing_from_quality_settings_stream_or_bench():
-    forbidden = ("worker.quality", "worker.settings", "worker.stream", "worker.bench", "worker.assemble", "worker.rqbatch")
+    forbidden = ("worker.quality", "worker.settings", "worker.stream", "worker.bench", "worker.assemble",
+                 "worker.rqbatch")
     bad = {m: sorted(d for d in deps if d.startswith(forbidden))
            for m, deps in import_graph().items() if m.startswith("worker.engine")}
     assert not {m: d for m, d in bad.items() if d}
@@ -116,7 +117,8 @@ def test_load_model_is_called_in_one_place():
     callers = []
     for path in (REPO / "worker").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "load_model":
+            name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+            if name == "load_model":
                 callers.append(_module_name(path))
     assert callers == ["worker.assemble"]
 
@@ -161,8 +163,8 @@ def test_bench_redis_mode_worker_gets_the_bench_settings(monkeypatch, tmp_path):
     env = redis_worker_env(source, "ns:", "fp32")
     child = _settings_from_env(monkeypatch, env)
     assert child.model_dump() == redis_namespace(source, "ns:", "fp32").model_dump()
-    moved = {"input_stream", "results_stream", "dead_letter_stream", "result_key_prefix", "heartbeat_key_prefix", "group",
-             "consumer", "dtype", "log_format", "log_level"}
+    moved = {"input_stream", "results_stream", "dead_letter_stream", "result_key_prefix", "heartbeat_key_prefix",
+             "group", "consumer", "dtype", "log_format", "log_level"}
     for name in Settings.model_fields:
         if name not in moved:
             assert getattr(child, name) == getattr(source, name), name
@@ -202,7 +204,8 @@ def test_bench_classifier_is_the_workers_classifier(variant, tiny_model_dir, tmp
     (_, bench), = cli.build_classifiers(bench_settings, [("few-shot", task_from_settings(bench_settings))])
     assert _engine_view(bench) == _engine_view(worker)
     expected_kind = {"prompt_calibrated": "prompt", "auto": "head", "head_file": "head"}[variant]
-    assert worker.scorer.kind == expected_kind and not worker.options.prefix_cache and worker.options.pass_overhead_tokens == 5
+    assert worker.scorer.kind == expected_kind
+    assert not worker.options.prefix_cache and worker.options.pass_overhead_tokens == 5
     if variant == "prompt_calibrated":
         assert np.abs(worker.score_bias).max() > 0
     assert torch.get_num_threads() == threads
@@ -229,4 +232,5 @@ def test_old_batch_settings_still_work_and_warn_once(monkeypatch, tiny_model_dir
         assemble.build_classifier(s, loaded=clf.loaded)
     warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
     assert len(warned) == 3 and sum("TRIAGE_MAX_BATCH_ITEMS" in w for w in warned) == 1, warned
-    assert clf.options.pass_max_items == 2 and clf.options.pass_max_tokens == 300 and clf.options.pass_overhead_tokens == 4
+    o = clf.options
+    assert (o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens) == (2, 300, 4)

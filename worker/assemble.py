@@ -163,7 +163,8 @@ def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
     except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for corrupt files
         raise ScoringConfigError(f"cannot load scorer head {path}: {e}") from e
     head.check(clf)  # HeadMismatch (a ValueError) says what differs
-    log.info("scorer head loaded: %s (%s, %s pooling, %s training tickets)", path, head.method, head.pooling, head.meta.get("n_train"))
+    log.info("scorer head loaded: %s (%s, %s pooling, %s training tickets)",
+             path, head.method, head.pooling, head.meta.get("n_train"))
     return HeadScorer(head.reordered(clf.labels), device=clf.device, source=str(path))
 
 
@@ -174,8 +175,10 @@ def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, poolin
 
     examples = clf.task.examples
     feats = run_features(clf, clf.prepare_valid([e.text for e in examples]), score=False, progress=False)
-    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": "task examples"}
-    return fit_head(feats.pooled(pooling), [e.label for e in examples], clf.labels, method=method, pooling=pooling, meta=meta)
+    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
+            "source": "task examples"}
+    labels = [e.label for e in examples]
+    return fit_head(feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta)
 
 
 def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None):

@@ -48,7 +48,9 @@ def _default_consumer() -> str:
 class Settings(BaseSettings):
     """Every knob of the worker, engine and its Redis wiring (``TRIAGE_<NAME>``)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", protected_namespaces=(), validate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", protected_namespaces=(), validate_by_name=True
+    )
 
     # --- model / engine -------------------------------------------------
     model: str = Field(
@@ -70,21 +72,27 @@ class Settings(BaseSettings):
         description="Tickets drained from the stream per window at most (split into passes by length).",
     )
     pass_max_items: int = Field(
-        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"), description="Tickets per forward pass at most (CUDA default 2048 when unset)."
+        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"),
+        description="Tickets per forward pass at most (CUDA default 2048 when unset)."
     )
     pass_max_tokens: int = Field(
         8192, ge=1, validation_alias=_env("PASS_MAX_TOKENS", "MAX_BATCH_TOKENS"),
-        description="Token budget per forward pass: padded (items x longest) for padded passes, real tokens for packed ones. CUDA default 32768 when unset.",
+        description="Token budget per forward pass: padded (items x longest) for padded passes, real tokens for "
+        "packed ones. CUDA default 32768 when unset.",
     )
     pass_overhead_tokens: int = Field(
         32, ge=0, validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
-        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (padded passes; CUDA default 2048 when unset).",
+        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls "
+        "(padded passes; CUDA default 2048 when unset).",
     )
     attention: Literal["auto", "padded", "packed"] = Field(
         "auto",
-        description="auto = packed on CUDA (one unpadded token stream per pass, shared prefix K/V merged by log-sum-exp), padded length buckets on CPU/MPS.",
+        description="auto = packed on CUDA (one unpadded token stream per pass, shared prefix K/V merged by "
+        "log-sum-exp), padded length buckets on CPU/MPS.",
     )
-    cuda_graphs: bool = Field(True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only).")
+    cuda_graphs: bool = Field(
+        True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only)."
+    )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
         description="'prompt' = label-token scoring; 'head' = the head in head_path; auto = head_path if set, else a centroid head fitted on the task's examples (one per label needed), else prompt.",

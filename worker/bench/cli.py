@@ -40,13 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--pass-max-tokens", "--max-batch-tokens", dest="pass_max_tokens", type=int,
                    help="modes 4-6: padded tokens per pass at most (TRIAGE_PASS_MAX_TOKENS)")
     m.add_argument("--attention", choices=("auto", "padded", "packed"),
-                   help="TRIAGE_ATTENTION for mode 5 and 6 (auto: packed on CUDA, padded on CPU); modes 1-4 always run padded")
+                   help="TRIAGE_ATTENTION for mode 5 and 6 (auto: packed on CUDA, padded on CPU); "
+                        "modes 1-4 always run padded")
     m.add_argument("--fixed-batch", type=int,
                    help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
     r = p.add_argument_group("what to run")
     r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
     r.add_argument("--no-interleave", action="store_true",
-                   help="run modes one after another, each through classify_passes as the worker does (default on CUDA; "
+                   help="run modes one after another, each through classify_passes as the worker does "
+                        "(default on CUDA; "
                         "on CPU the default interleaves them pass by pass)")
     r.add_argument("--sequential-n", type=int, metavar="N",
                    help="mode 1 on the first N tickets only (a large workload; ratios are per-ticket rates)")
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if n < 1 or args.fixed_batch < 1 or (args.threads is not None and args.threads < 0) or any(
         x is not None and x < 1 for x in (args.sequential_n, args.baseline_n)
     ):
-        print("triage-bench: --n, --fixed-batch, --sequential-n and --baseline-n must be >= 1, --threads >= 0", file=sys.stderr)
+        print("triage-bench: --n, --fixed-batch, --sequential-n and --baseline-n must be >= 1, --threads >= 0",
+              file=sys.stderr)
         return 2
     return run_benchmark(args, n, modes, sweep)
 
@@ -145,12 +148,15 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         "hardware": {**hardware(first), "torch_default_threads": default_threads},
         "model": {"name": settings.model, "label": args.model_label, "shape": shape.as_dict(), "labels": list(first.labels)},
         "settings": {"pass_max_items": settings.pass_max_items, "pass_max_tokens": settings.pass_max_tokens,
-                     "pass_overhead_tokens": settings.pass_overhead_tokens, "window_max_items": settings.window_max_items,
+                     "pass_overhead_tokens": settings.pass_overhead_tokens,
+                     "window_max_items": settings.window_max_items,
                      "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens,
                      "scorer": first.scorer.kind, "prefix_cache": settings.prefix_cache,
                      "attention": first.attention, "attention_kernel": first.attention_kernel,
-                     "cuda_graphs": bool(first.options.cuda_graphs and first.device.type == "cuda" and first.attention == "packed"),
-                     "engine_pass_max_items": first.options.pass_max_items, "engine_pass_max_tokens": first.options.pass_max_tokens,
+                     "cuda_graphs": bool(first.options.cuda_graphs and first.device.type == "cuda"
+                                         and first.attention == "packed"),
+                     "engine_pass_max_items": first.options.pass_max_items,
+                     "engine_pass_max_tokens": first.options.pass_max_tokens,
                      "sequential_n": args.sequential_n, "baseline_n": args.baseline_n},
         "workload": {
             "source": wk.source, "n": wk.n, "seed": args.seed,
@@ -174,7 +180,8 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
                              args.sequential_n, args.baseline_n)
         for key in modes:
             done = sum(p is not None for p in runs[key].preds)
-            print(f"  {prompt} {runs[key].title}: {done} tickets, {runs[key].wall_s:.1f}s wall, {runs[key].cpu_s:.1f}s CPU",
+            print(f"  {prompt} {runs[key].title}: {done} tickets, {runs[key].wall_s:.1f}s wall, "
+                  f"{runs[key].cpu_s:.1f}s CPU",
                   file=sys.stderr, flush=True)
         base = runs.get("sequential")
         first_runs = first_runs or {k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"}
@@ -240,7 +247,8 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool, interl
     rows = []
     for (max_items, max_tokens), run in zip(grid, runs):
         s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
-        rows.append({"pass_max_items": max_items, "pass_max_tokens": max_tokens, "passes": s["passes"], "wall_s": s["wall_s"],
+        rows.append({"pass_max_items": max_items, "pass_max_tokens": max_tokens, "passes": s["passes"],
+                     "wall_s": s["wall_s"],
                      "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
                      "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
     return rows
@@ -251,7 +259,8 @@ def graph_stats(clf) -> dict | None:
     runner = getattr(clf, "_graphs", None)
     if runner is None:
         return None
-    return {"enabled": runner.enabled, "captures": runner.captures, "replays": runner.replays, "shapes": len(runner.graphs)}
+    return {"enabled": runner.enabled, "captures": runner.captures, "replays": runner.replays,
+            "shapes": len(runner.graphs)}
 
 
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:

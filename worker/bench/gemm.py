@@ -81,7 +81,8 @@ def work_flops(shape: ModelShape, prefix_len: int, suffix_lengths: Iterable[int]
 
 def computed_flops(shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None,
                    packed: bool = False) -> float:
-    """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``); packed: each row its own length.
+    """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``); packed: each row its own
+    length.
 
     ``batches`` are ``bucketing.Pass`` objects whose lengths are cost lengths
     (suffix only when cached, prefix + suffix when not).

@@ -178,7 +178,9 @@ def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Pass) -> None:
 
 
 def _stream(clf, items: Sequence, run: ModeRun, on_batch: Callable[[int], None]) -> None:
-    """The whole plan through ``classify_passes`` (the worker's loop); a pass's wall time = time since the last yield."""
+    """The whole plan through ``classify_passes`` (the worker's loop).
+
+    A pass's wall time is the time since the previous result (one pass is in flight ahead on CUDA)."""
     by_indices = {b.indices: b for b in run.passes}
     gen = clf.classify_passes(items, run.passes, prefix_cache=run.cached, pad_to=run.pad_to, attention=run.attention)
     c0, t0 = time.process_time(), time.perf_counter()
@@ -277,7 +279,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
 
 
 def redis_namespace(settings, ns: str, dtype_name: str):
-    """``settings`` with the bench's own keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
+    """``settings`` with the bench's keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
     return settings.model_copy(update={
         "input_stream": ns + "tickets", "results_stream": ns + "results", "dead_letter_stream": ns + "dead",
         "result_key_prefix": ns + "result:", "heartbeat_key_prefix": ns + "heartbeat:", "group": "bench",

@@ -187,12 +187,14 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"p90 {workload['text_tokens'].get('p90')} p99 {workload['text_tokens'].get('p99')} max {workload['text_tokens'].get('max')} "
         f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
         f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
-        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of {settings['window_max_items']}); "
+        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of "
+        f"{settings['window_max_items']}); "
         f"fixed batch {settings['fixed_batch_items']} items (modes 2-3); scorer {settings['scorer']}",
     ]
     if settings.get("attention"):
         lines.append(
-            f"engine   : mode 5 attention {settings['attention']} (kernel {settings.get('attention_kernel')}, CUDA graphs "
+            f"engine   : mode 5 attention {settings['attention']} (kernel {settings.get('attention_kernel')}, "
+            f"CUDA graphs "
             f"{'on' if settings.get('cuda_graphs') else 'off'}), caps {settings.get('engine_pass_max_items')} items / "
             f"{settings.get('engine_pass_max_tokens')} tokens; modes 1-4 padded"
             + (f"; mode 1 on the first {settings['sequential_n']} tickets" if settings.get("sequential_n") else "")

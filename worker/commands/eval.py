@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log)
     report = {
-        "model": settings.model, "device": str(loaded.model.device), "dtype": str(loaded.model.dtype).replace("torch.", ""),
+        "model": settings.model, "device": str(loaded.model.device),
+        "dtype": str(loaded.model.dtype).replace("torch.", ""),
         "input": test_src.description, "train": train_src.description if train_src else None,
         "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),
     } | report

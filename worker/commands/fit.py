@@ -91,7 +91,8 @@ def _fit(args, settings, task, rows) -> None:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
     clf = build_classifier(prompt_scoring(settings), task=task)  # hidden states of the prompt the worker will run
     t0 = time.perf_counter()
-    feats = run_features(clf, clf.prepare_valid([r.text for r in rows]), score=False, desc="fit pass", progress=not args.no_progress)
+    items = clf.prepare_valid([r.text for r in rows])
+    feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
     meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input)}
     head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,

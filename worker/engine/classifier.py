@@ -78,9 +78,13 @@ class Classifier:
                 self.attention_kernel = "torch"
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         self.lookahead = self.model.device.type == "cuda"  # classify_passes queues the next pass before yielding
-        self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if self.options.prefix_cache else None
+        self._prefix: PrefixKV | None = None
+        if self.options.prefix_cache:
+            self._prefix = compute_prefix(self.model, self.template.prefix_ids)
 
-    def with_scoring(self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None) -> "Classifier":
+    def with_scoring(
+        self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None
+    ) -> "Classifier":
         """A new classifier on the same model, task, options and prompt-prefix cache with another scorer / bias.
 
         ``None`` means what the constructor means: prompt scoring, no bias. This object is left as it is.
@@ -92,7 +96,9 @@ class Classifier:
     def _set_scoring(self, scorer: Scorer | None, score_bias) -> None:
         if scorer is not None and tuple(scorer.names) != self.labels:
             raise ValueError(f"scorer labels {list(scorer.names)} != task labels {list(self.labels)}")
-        self.scorer: Scorer = scorer or PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
+        if scorer is None:
+            scorer = PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
+        self.scorer: Scorer = scorer
         bias = np.zeros(len(self.labels)) if score_bias is None else np.asarray(score_bias, dtype=np.float64)
         if bias.shape != (len(self.labels),):
             raise ValueError(f"score_bias needs one value per label ({len(self.labels)}), got shape {bias.shape}")
@@ -201,7 +207,7 @@ class Classifier:
     ) -> torch.Tensor:
         """[B, J] float64 log-scores on the model's device (nothing waits for the device here on CUDA).
 
-        ``on_device()`` is called once the host-side preparation is done, right before the pass's first device work.
+        ``on_device()`` is called once the host-side preparation is done, before the pass's first device work.
         """
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:

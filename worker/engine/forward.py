@@ -85,7 +85,8 @@ def run_forward(
     ids, mask, real, lens_d = ids.to(dev), mask.to(dev), real.to(dev), lens.to(dev)
     cache = prefix.expanded(b) if prefix is not None else (DynamicCache() if keep_cache else None)
     dec = decoder(model)
-    out = dec(input_ids=ids, attention_mask=mask, use_cache=keep_cache or prefix is not None, **{cache_kwarg(dec): cache})
+    use_cache = keep_cache or prefix is not None
+    out = dec(input_ids=ids, attention_mask=mask, use_cache=use_cache, **{cache_kwarg(dec): cache})
     hidden = out.last_hidden_state  # [B, S, H]
     h_last = hidden[torch.arange(b, device=dev), lens_d - 1]
     h_mean = None
