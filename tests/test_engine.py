@@ -69,8 +69,8 @@ def test_classify_passes_yields_after_each_forward_call(loaded, monkeypatch):
     clf = make(loaded)
     items = clf.prepare_valid(TEXTS)
     calls = []
-    run_pass = clf.run_pass
-    monkeypatch.setattr(clf, "run_pass", lambda chunk, **kw: calls.append(len(chunk)) or run_pass(chunk, **kw))
+    launch = clf.launch_pass
+    monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: calls.append(len(chunk)) or launch(chunk, **kw))
     gen = clf.classify_passes(items)
     indices, preds, stats = next(gen)
     assert calls == [len(indices)]  # the first pass is handed out before the second one runs

@@ -66,7 +66,7 @@ def build_classifier(settings: Settings, *, loaded: LoadedModel | None = None, t
     warn_deprecated_env()
     if loaded is None:
         loaded = load(settings)
-    prompt = Classifier(loaded, task or task_from_settings(settings), engine_options(settings))
+    prompt = Classifier(loaded, task or task_from_settings(settings), engine_options(settings, loaded.model.device))
     scorer = choose_scorer(prompt, settings)
     bias = calibration_bias(prompt, settings, scorer)
     return prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias)
@@ -85,18 +85,29 @@ def load(settings: Settings) -> LoadedModel:
     return load_model(settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
 
 
-def engine_options(settings: Settings) -> EngineOptions:
+# Per-pass caps on a CUDA device when TRIAGE_PASS_* are not set: a window becomes a few large passes.
+# 32k tokens of a 0.5B model are ~25 ms of H200 compute, long enough that launches and the host's
+# per-pass work hide behind it; the overhead (2,048 token-equivalents, as measured on an H200 in
+# issue #10) only steers the padded planner, packed passes have no padding to trade against.
+GPU_PASS_DEFAULTS = {"pass_max_items": 2048, "pass_max_tokens": 32768, "pass_overhead_tokens": 2048}
+
+
+def engine_options(settings: Settings, device=None) -> EngineOptions:
+    """The engine's options from the settings; on CUDA, pass caps the user did not set get GPU defaults."""
     from worker.engine.types import EngineOptions
 
+    caps = {k: getattr(settings, k) for k in GPU_PASS_DEFAULTS}
+    if device is not None and getattr(device, "type", str(device)) == "cuda":
+        caps.update({k: v for k, v in GPU_PASS_DEFAULTS.items() if k not in settings.model_fields_set})
     return EngineOptions(
         max_input_tokens=settings.max_input_tokens,
         truncate=settings.truncate,
         prefix_cache=settings.prefix_cache,
-        pass_max_items=settings.pass_max_items,
-        pass_max_tokens=settings.pass_max_tokens,
-        pass_overhead_tokens=settings.pass_overhead_tokens,
+        **caps,
         confidence_threshold=settings.confidence_threshold,
         fallback_label=settings.fallback_label,
+        attention=settings.attention,
+        cuda_graphs=settings.cuda_graphs,
     )
 
 

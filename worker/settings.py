@@ -72,15 +72,26 @@ class Settings(BaseSettings):
         description="Tickets drained from the stream per window at most (split into passes by length).",
     )
     pass_max_items: int = Field(
-        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"), description="Tickets per forward pass at most."
+        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"),
+        description="Tickets per forward pass at most (CUDA default 2048 when unset)."
     )
     pass_max_tokens: int = Field(
         8192, ge=1, validation_alias=_env("PASS_MAX_TOKENS", "MAX_BATCH_TOKENS"),
-        description="Padded-token budget per forward pass (items x longest).",
+        description="Token budget per forward pass: padded (items x longest) for padded passes, real tokens for "
+        "packed ones. CUDA default 32768 when unset.",
     )
     pass_overhead_tokens: int = Field(
         32, ge=0, validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
-        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs).",
+        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls "
+        "(padded passes; CUDA default 2048 when unset).",
+    )
+    attention: Literal["auto", "padded", "packed"] = Field(
+        "auto",
+        description="auto = packed on CUDA (one unpadded token stream per pass, shared prefix K/V merged by "
+        "log-sum-exp), padded length buckets on CPU/MPS.",
+    )
+    cuda_graphs: bool = Field(
+        True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only)."
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     ok = report.passed(args.flip_margin)
     out = sys.stdout
-    print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  prefix cache {'on' if report.prefix_cache else 'off'}", file=out)
+    print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  "
+          f"prefix cache {'on' if report.prefix_cache else 'off'}  attention {report.attention}", file=out)
     print(f"tickets {report.n} (skipped invalid: {skipped})  passes {report.passes}  padding {report.padding_pct:.1f}%",
           file=out)
     print(f"label agreement {report.agreement_pct:.2f}%   max |dprob| {report.max_abs_delta_prob:.2e}", file=out)
