@@ -99,13 +99,13 @@ def proxied(tiny_model_dir, redis_url, tmp_path_factory, proxy):
 def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, proxy, redis_url):
     env, w = proxied
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    # 1. the MULTI/EXEC never reaches Redis: the batch is written after reconnecting
-    proxy.drop_at(b"EXEC", after=False)
+    # 1. the settle script never reaches Redis: the window is written after reconnecting
+    proxy.drop_at(b"EVALSHA", after=False)
     ids = push(r, env, 6, "before-exec")
     assert proxy.triggered.wait(30)
     wait_settled(r, env, ids)
-    # 2. the EXEC runs but its reply is lost: the retry sees the entries acked and writes nothing twice
-    proxy.drop_at(b"EXEC", after=True)
+    # 2. the settle script runs but its reply is lost: the retry sees the entries acked and writes nothing twice
+    proxy.drop_at(b"EVALSHA", after=True)
     ids += push(r, env, 6, "after-exec")
     assert proxy.triggered.wait(30)
     wait_settled(r, env, ids)

@@ -20,7 +20,7 @@ WORKER_PASSWORD = "w0rker-S3cret:with@odd/chars"
 # The worker's least privileges (docs/reliability.md, "Redis ACL"): its own keys, these commands.
 WORKER_ACL = (
     "~chaos:* resetchannels -@all +client|setname +xgroup|create +xgroup|delconsumer +xreadgroup +xautoclaim "
-    "+xpending +xinfo|groups +xrange +xack +xadd +set +del +type +multi +exec"
+    "+xpending +xinfo|groups +xrange +xack +xadd +xtrim +xclaim +set +get +exists +del +type +multi +exec +evalsha +eval"
 )
 
 

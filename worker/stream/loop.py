@@ -1,11 +1,12 @@
 """The run loop: take a window from the reader, classify it, write + ack it in one
 transaction, log one line; keep the heartbeat alive; stop warm or cold.
 
-Write failures (Redis gone) are retried with capped backoff for the batch in
-hand. Before a retry the loop asks Redis which of the batch's entries are still
-pending on this consumer and writes only those: if the lost EXEC reply hid a
-commit, nothing is written twice; if another worker reclaimed them meanwhile,
-that worker owns them now.
+Write failures (Redis gone) are retried with capped backoff for the window in
+hand. Every write (the settle script, see sink.py) writes and acks only the
+entries still pending on this consumer: if a lost reply hid a commit, nothing is
+written twice; if another worker reclaimed them meanwhile, that worker owns them
+now. A lost consumer group (NOGROUP) is handed to the GroupGuard, which recreates
+it; the windows read from the lost group are dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from worker.logs import get_logger
 from worker.stream.classify import classify_isolated
 from worker.stream.connection import Backoff, connect, is_transient
+from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.health import Heartbeat
 from worker.stream.metrics import BatchMetrics, Summary
 from worker.stream.reader import DRAINED, END, Reader
@@ -65,8 +67,8 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log) -> bool:
                 if kind not in ("none", "stream"):
                     log.error("wrong_key_type", key=name, type=kind, expected="stream", fix="rename the key or point TRIAGE_*_STREAM elsewhere")
                     return False
-            if created:
-                log.info("group_created", stream=settings.input_stream, group=settings.group, start_id="0")
+            if created is not None:
+                log.info("group_created", stream=settings.input_stream, group=settings.group, start_id=created)
             return True
         except Exception as e:  # noqa: BLE001
             if not is_transient(e):
@@ -85,6 +87,7 @@ class _Loop:
         self.shutdown = shutdown
         self.log = log
         self.drain = drain
+        self.guard = GroupGuard(source, log)
         self.sink = ResultSink(
             client,
             input_stream=settings.input_stream,
@@ -95,6 +98,7 @@ class _Loop:
             result_ttl_s=settings.result_ttl_s,
             results_maxlen=settings.results_maxlen,
             dead_letter_maxlen=settings.dead_letter_maxlen,
+            consumer=settings.consumer,
         )
         self.heartbeat = Heartbeat(
             client, settings.heartbeat_key_prefix, settings.consumer, settings.heartbeat_ttl_s,
@@ -104,6 +108,7 @@ class _Loop:
         self.reader = Reader(
             source,
             clf.prepare,
+            guard=self.guard,
             max_items=settings.max_batch_items,
             max_wait_ms=settings.max_wait_ms,
             claim_idle_ms=settings.claim_idle_ms,
@@ -138,7 +143,8 @@ class _Loop:
                 try:
                     self._handle(item)
                 except PartialWriteError as e:
-                    self.log.error("write_partially_failed", error=str(e), action="stopping: fix the key types, then restart")
+                    self.log.error("wrong_key_type", error=str(e), action="stopping: nothing of the window was written; "
+                                   "fix the key type, then restart")
                     return EXIT_FAILED
                 finally:
                     if not self.s.prefetch:
@@ -161,6 +167,9 @@ class _Loop:
 
     # ------------------------------------------------------------------ batch
     def _handle(self, w: Window) -> None:
+        if w.epoch != self.guard.epoch:
+            self._drop(w)
+            return
         self.batches += 1
         m = BatchMetrics(batch=self.batches, source=w.source, read_ms=w.read_ms, tokenize_ms=w.tokenize_ms,
                          backlog=w.backlog, pending=w.pending)
@@ -172,10 +181,13 @@ class _Loop:
         t0 = time.perf_counter()
         outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer)
         written = self._commit(outcome, w)
+        if written is None:
+            self._drop(w)
+            return
         m.write_ms = (time.perf_counter() - t0) * 1000
         m.items = len(written.results)
         m.dead_lettered = len(written.dead_letters)
-        self.reader.in_flight.discard(w.ids)
+        self.reader.in_flight.discard(w.ids, w.epoch)
         for d in written.dead_letters:
             self.log.warning("dead_lettered", stream_id=d["stream_id"], id=d.get("id"), reason=d["reason"], deliveries=int(d["deliveries"]))
         self.totals["items"] += m.items
@@ -183,28 +195,35 @@ class _Loop:
         self.summary.add(m)
         self.log.info("batch", **m.line())
 
-    def _commit(self, outcome: Outcome, w: Window) -> Outcome:
-        """Write + ack; on Redis errors retry (forever, capped backoff) only what is still ours."""
+    def _drop(self, w: Window) -> None:
+        """A window read from a consumer group that is gone: its entries cannot be acked, so nothing is written."""
+        self.reader.in_flight.discard(w.ids, w.epoch)
+        self.log.warning("window_dropped", entries=len(w.ids), source=w.source, reason="consumer group lost",
+                         note="entries still in the stream after the recovery point are delivered again")
+
+    def _commit(self, outcome: Outcome, w: Window) -> Outcome | None:
+        """Write + ack what is still ours; on Redis errors retry (forever, capped backoff).
+
+        None: the consumer group was lost (and recreated): the window must be dropped."""
         backoff = Backoff(self.s.reconnect_max_s)
-        # Another worker may only reclaim after claim_idle_ms; a batch that took a good part of that must check.
-        check_owner = (time.monotonic() - w.read_started_s) * 1000 >= self.s.claim_idle_ms / 2
         while True:
             try:
-                if check_owner:
-                    owned = self.source.owned(w.ids)
-                    lost = len(w.ids) - len(owned)
-                    if lost:
-                        self.log.warning("entries_not_ours_anymore", count=lost, retry=backoff.attempt,
-                                         note="acked by an earlier attempt, or reclaimed by another worker: not written again")
-                    outcome = outcome.only(owned)
-                self.sink.write(outcome)
+                written = self.sink.write(outcome)
+                if written.not_ours:
+                    self.log.warning("entries_not_ours_anymore", count=len(written.not_ours), retry=backoff.attempt,
+                                     note="acked by an earlier attempt, or reclaimed by another worker: not written again")
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")
-                return outcome
+                return written.outcome
             except PartialWriteError:
                 raise
-            except Exception as e:  # noqa: BLE001 - keep the batch, keep trying: never drop, never ack blindly
-                check_owner = True
+            except Exception as e:  # noqa: BLE001 - keep the window, keep trying: never drop, never ack blindly
+                if is_nogroup(e):
+                    try:
+                        self.guard.recover(w.epoch, op="write", error=e)
+                        return None
+                    except Exception as again:  # noqa: BLE001 - Redis down while recreating: retry below
+                        e = again
                 self._count_reconnect()
                 delay = backoff.failed()
                 self.log.warning("redis_unavailable" if is_transient(e) else "write_failed", op="write",

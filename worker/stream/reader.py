@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import redis
 
 from worker.stream.connection import Backoff, is_transient
+from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.source import RawEntry, StreamSource
 from worker.stream.window import Window, build_window
 
@@ -26,26 +27,34 @@ DRAINED = "drained"  # --drain: nothing undelivered, nothing pending
 
 
 class InFlight:
-    """Stream ids read by this process and not yet settled (written + acked or given up).
+    """Stream ids read by this process and not yet settled (written + acked, or dropped), with the
+    group epoch they were read in.
 
-    Re-reads of our own PEL and XAUTOCLAIM can return these again; they are skipped
-    so no entry is classified twice inside one process."""
+    Re-reads of our own PEL and XAUTOCLAIM can return these again; they are skipped so no
+    entry is classified twice inside one process. An id held from an older epoch (a lost
+    group) does not block the same id delivered again by the recreated group."""
 
     def __init__(self) -> None:
-        self._ids: set[str] = set()
+        self._ids: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def add(self, ids: Sequence[str]) -> None:
+    def add(self, ids: Sequence[str], epoch: int = 0) -> None:
         with self._lock:
-            self._ids.update(ids)
+            self._ids.update((i, epoch) for i in ids)
 
-    def discard(self, ids: Sequence[str]) -> None:
+    def discard(self, ids: Sequence[str], epoch: int = 0) -> None:
         with self._lock:
-            self._ids.difference_update(ids)
+            for i in ids:
+                if self._ids.get(i) == epoch:
+                    del self._ids[i]
 
-    def fresh(self, entries: list[RawEntry]) -> list[RawEntry]:
+    def fresh(self, entries: list[RawEntry], epoch: int = 0) -> list[RawEntry]:
         with self._lock:
-            return [e for e in entries if e.stream_id not in self._ids]
+            return [e for e in entries if self._ids.get(e.stream_id) != epoch]
+
+    def snapshot(self, epoch: int) -> list[str]:
+        with self._lock:
+            return [i for i, e in self._ids.items() if e == epoch]
 
     def __len__(self) -> int:
         with self._lock:
@@ -61,6 +70,7 @@ class Reader(threading.Thread):
         source: StreamSource,
         prepare: Callable[[Sequence[str]], list],
         *,
+        guard: GroupGuard,
         max_items: int,
         max_wait_ms: int,
         claim_idle_ms: int,
@@ -75,6 +85,8 @@ class Reader(threading.Thread):
         super().__init__(name="triage-reader", daemon=True)
         self.source = source
         self.prepare = prepare
+        self.guard = guard
+        guard.on_recovered(self._group_recreated)
         self.max_items = max_items
         self.max_wait_ms = max_wait_ms
         self.claim_idle_ms = claim_idle_ms
@@ -94,6 +106,13 @@ class Reader(threading.Thread):
         self._next_claim_s = 0.0  # claim on start: a dead predecessor's entries come first
         self._partial: list[RawEntry] = []
         self._read_ms = 0.0
+        self._epoch = 0  # the group epoch of the read in progress
+
+    def _group_recreated(self) -> None:
+        """A new group: nothing of ours is pending in it yet; read our own PEL and claims from the start again."""
+        self._pending_cursor = "0"
+        self._claim_cursor = "0-0"
+        self._next_claim_s = 0.0
 
     # ----------------------------------------------------------------- thread
     def run(self) -> None:
@@ -118,6 +137,7 @@ class Reader(threading.Thread):
     def _next_window(self) -> Window | None:
         self._partial, self._read_ms = [], 0.0
         source = "new"
+        self._epoch = self.guard.epoch
         read_start_s = time.monotonic()  # before any entry is delivered: a stall from here on counts toward the reclaim clock
         try:
             source, entries = self._read()
@@ -135,6 +155,7 @@ class Reader(threading.Thread):
         )
         window.tokenize_ms = (time.perf_counter() - t0) * 1000  # parse + tokenize
         window.read_ms, window.read_started_s = self._read_ms, read_start_s
+        window.epoch = self._epoch
         try:
             state = self.source.group_state()
             if state is not None:
@@ -169,8 +190,8 @@ class Reader(threading.Thread):
             self._read_ms = (time.perf_counter() - t0) * 1000
 
     def _take(self, entries: list[RawEntry]) -> list[RawEntry]:
-        fresh = self.in_flight.fresh(entries)
-        self.in_flight.add([e.stream_id for e in fresh])
+        fresh = self.in_flight.fresh(entries, self._epoch)
+        self.in_flight.add([e.stream_id for e in fresh], self._epoch)
         return fresh
 
     def _drain_new(self) -> list[RawEntry]:
@@ -191,12 +212,11 @@ class Reader(threading.Thread):
 
     def _on_read_error(self, e: Exception) -> None:
         self._pending_cursor = "0"  # a lost reply may have delivered entries we never saw
-        if isinstance(e, redis.ResponseError) and "NOGROUP" in str(e):
-            self.log.warning("group_missing", error=str(e), action="recreating the consumer group")
+        if is_nogroup(e):
             try:
-                self.source.ensure_group()
+                self.guard.recover(self._epoch, op="read", error=e)
                 return
-            except Exception as again:  # noqa: BLE001
+            except Exception as again:  # noqa: BLE001 - Redis went away again: back off below
                 e = again
         if is_transient(e):
             delay = self.backoff.failed(self.stop)

@@ -29,6 +29,7 @@ class Window:
     read_started_s: float = 0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
     backlog: int | None = None
     pending: int | None = None
+    epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
 
     @property
     def ids(self) -> list[str]:
