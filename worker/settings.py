@@ -97,6 +97,11 @@ class Settings(BaseSettings):
 
     # --- stream worker (worker/stream) ------------------------------------
     prefetch: bool = Field(True, description="Read + tokenize the next window while the model runs the current one.")
+    input_trim: bool = Field(
+        True,
+        description="Each write trims the input stream below the oldest entry any consumer group still needs "
+        "(XTRIM MINID ~), so acknowledged tickets do not pile up; false: they stay until you trim.",
+    )
 
     # --- RQ integration (worker.rqbatch) ----------------------------------
     rq_allowed_callbacks: str | None = Field(

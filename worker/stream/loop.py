@@ -99,6 +99,7 @@ class _Loop:
             results_maxlen=settings.results_maxlen,
             dead_letter_maxlen=settings.dead_letter_maxlen,
             consumer=settings.consumer,
+            trim_input=settings.input_trim,
         )
         self.heartbeat = Heartbeat(
             client, settings.heartbeat_key_prefix, settings.consumer, settings.heartbeat_ttl_s,

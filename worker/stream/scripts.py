@@ -81,13 +81,28 @@ for k = 2, 3 do  -- a key of another type would fail half-way: refuse before wri
     return redis.error_reply('WRONGTYPE ' .. KEYS[k] .. ' holds a ' .. t .. ', not a stream')
   end
 end
-local i = 8
-local acks, skipped, gone = {}, {}, {}
-for _ = 1, tonumber(ARGV[7]) do
-  local id = ARGV[i]
-  i = i + 1
-  -- NOGROUP (group destroyed, Redis restarted empty) raises here, before anything is written
-  if consumer == '' or #redis.call('XPENDING', stream, group, id, id, 1, consumer) > 0 then
+local n_ids = tonumber(ARGV[7])
+local i = 8 + n_ids
+local acks, skipped, gone, mine = {}, {}, {}, {}
+if consumer ~= '' and n_ids > 0 then
+  -- this consumer's pending entries between the lowest and highest id, page by page (one range scan, not
+  -- one lookup per id). NOGROUP (group destroyed, Redis restarted empty) raises here, before any write.
+  local lo, hi = ARGV[8], ARGV[8]
+  for k = 8, 7 + n_ids do
+    if id_less(ARGV[k], lo) then lo = ARGV[k] end
+    if id_less(hi, ARGV[k]) then hi = ARGV[k] end
+  end
+  local start = lo
+  while true do
+    local page = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)
+    for _, row in ipairs(page) do mine[row[1]] = true end
+    if #page < 1000 then break end
+    start = '(' .. page[#page][1]
+  end
+end
+for k = 8, 7 + n_ids do
+  local id = ARGV[k]
+  if consumer == '' or mine[id] then
     acks[#acks + 1] = id
   else
     skipped[#skipped + 1] = id
