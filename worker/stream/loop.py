@@ -18,7 +18,7 @@ from worker.logs import get_logger
 from worker.stream.classify import classify_isolated
 from worker.stream.connection import Backoff, connect, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
-from worker.stream.health import Heartbeat
+from worker.stream.health import Heartbeat, Keeper, Status
 from worker.stream.metrics import BatchMetrics, Summary
 from worker.stream.reader import DRAINED, END, Reader
 from worker.stream.shutdown import Shutdown
@@ -105,6 +105,9 @@ class _Loop:
             client, settings.heartbeat_key_prefix, settings.consumer, settings.heartbeat_ttl_s,
             {"stream": settings.input_stream, "group": settings.group, "model": clf.model_name},
         )
+        self.status = Status()
+        self.keeper = Keeper(self.heartbeat, self.status, refresh=self._refresh,
+                             refresh_interval_s=settings.claim_idle_ms / 3000.0, log=log)
         self.summary = Summary(settings.log_summary_s, time.monotonic())
         self.reader = Reader(
             source,
@@ -122,22 +125,34 @@ class _Loop:
             on_reconnect=self._count_reconnect,
         )
         self.batches = 0
-        self.totals = {"items": 0, "dead_lettered": 0}
 
     def _count_reconnect(self) -> None:
         self.summary.reconnects += 1
 
+    def _refresh(self) -> None:
+        """Keeper thread: reset the idle time of every entry this process holds (still pending on it)."""
+        epoch = self.guard.epoch
+        try:
+            self.source.refresh(self.reader.in_flight.snapshot(epoch))
+        except Exception as e:  # noqa: BLE001
+            if not is_nogroup(e):
+                raise
+            self.guard.recover(epoch, op="refresh", error=e)
+
     def run(self) -> int:
-        self._beat(force=True)
+        self.keeper.start()
         self.reader.start()
         self.log.info("worker_ready", heartbeat_key=self.heartbeat.key, results_stream=self.s.results_stream,
                       dead_letter_stream=self.s.dead_letter_stream)
         code, why = EXIT_OK, "stopped"
         while True:
+            if self.status.phase != "idle":
+                self.status.set_phase("reading")
             try:
                 item = self.reader.queue.get(timeout=0.5)
             except queue.Empty:
                 item = None
+                self.status.set_phase("idle")
             if isinstance(item, Window):
                 if self.s.prefetch:
                     self.reader.permit.release()  # let the reader fetch + tokenize the next window now
@@ -146,7 +161,8 @@ class _Loop:
                 except PartialWriteError as e:
                     self.log.error("wrong_key_type", error=str(e), action="stopping: nothing of the window was written; "
                                    "fix the key type, then restart")
-                    return EXIT_FAILED
+                    code, why = EXIT_FAILED, "a results or dead-letter key holds another type"
+                    break
                 finally:
                     if not self.s.prefetch:
                         self.reader.permit.release()
@@ -159,7 +175,6 @@ class _Loop:
             elif isinstance(item, BaseException):
                 code, why = EXIT_FAILED, f"reader crashed: {type(item).__name__}: {item}"
                 break
-            self._beat()
             now = time.monotonic()
             if self.summary.due(now):
                 self.log.info("summary", **self.summary.take(now))
@@ -174,7 +189,13 @@ class _Loop:
         self.batches += 1
         m = BatchMetrics(batch=self.batches, source=w.source, read_ms=w.read_ms, tokenize_ms=w.tokenize_ms,
                          backlog=w.backlog, pending=w.pending)
-        preds, stats, m.split_retries = classify_isolated(self.clf.classify, w.prepared)
+        self.status.set_phase("inferring")
+        self.status.pass_started()
+        try:
+            preds, stats, m.split_retries = classify_isolated(self.clf.classify, w.prepared)
+        finally:
+            self.status.pass_finished()
+        self.status.set_phase("writing")
         if m.split_retries:
             self.log.warning("batch_failed_split", items=len(w.prepared), failed_alone=sum(isinstance(p, Exception) for p in preds))
         m.buckets, m.real_tokens, m.padded_tokens = stats.batches, stats.real_tokens, stats.padded_tokens
@@ -191,8 +212,7 @@ class _Loop:
         self.reader.in_flight.discard(w.ids, w.epoch)
         for d in written.dead_letters:
             self.log.warning("dead_lettered", stream_id=d["stream_id"], id=d.get("id"), reason=d["reason"], deliveries=int(d["deliveries"]))
-        self.totals["items"] += m.items
-        self.totals["dead_lettered"] += m.dead_lettered
+        self.status.add(batches=1, items=m.items, dead_lettered=m.dead_lettered)
         self.summary.add(m)
         self.log.info("batch", **m.line())
 
@@ -231,22 +251,18 @@ class _Loop:
                                  error=f"{type(e).__name__}: {e}", attempt=backoff.attempt, retried_after_s=round(delay, 2),
                                  entries=len(w.ids))
 
-    # -------------------------------------------------------------- liveness
-    def _beat(self, force: bool = False) -> None:
-        try:
-            status = {"batches": self.batches, **self.totals}
-            self.heartbeat.beat(**status) if force else self.heartbeat.maybe_beat(**status)
-        except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
-            self.log.debug("heartbeat_failed", error=str(e))
-
+    # -------------------------------------------------------------- shutdown
     def _finish(self, why: str) -> None:
         self.shutdown.stop.set()
         now = time.monotonic()
         self.log.info("summary", **self.summary.take(now))
+        self.keeper.stop()
         try:
             self.heartbeat.clear()
             if self.source.own_pending_count() == 0:
                 self.source.delete_consumer()  # unique per process: do not leave a trail of dead names in XINFO
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))
-        self.log.info("worker_stopped", reason=why, batches=self.batches, **self.totals)
+        totals = self.status.snapshot()
+        self.log.info("worker_stopped", reason=why, batches=self.batches, items=totals["items"],
+                      dead_lettered=totals["dead_lettered"])

@@ -158,6 +158,41 @@ return out
 """
 
 
+REFRESH = _ID_HELPERS + r"""
+-- Reset the idle time of the entries this consumer still holds, so no other worker reclaims them
+-- while it is alive: XCLAIM <min-idle 0> ... JUSTID by the owner (JUSTID: the delivery count stays).
+-- Atomic with the ownership check, so an entry another worker claimed in the meantime is never
+-- taken back; entries deleted from the stream are left alone (XCLAIM would drop them from the PEL).
+-- KEYS[1] input stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] the ids it holds. Returns how many.
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+if #ARGV < 3 then return 0 end
+local lo, hi = ARGV[3], ARGV[3]
+for k = 3, #ARGV do
+  if id_less(ARGV[k], lo) then lo = ARGV[k] end
+  if id_less(hi, ARGV[k]) then hi = ARGV[k] end
+end
+local mine, start = {}, lo
+while true do
+  local page = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)  -- NOGROUP raises here
+  for _, row in ipairs(page) do mine[row[1]] = true end
+  if #page < 1000 then break end
+  start = '(' .. page[#page][1]
+end
+local ids = {}
+for k = 3, #ARGV do
+  local id = ARGV[k]
+  if mine[id] and #redis.call('XRANGE', stream, id, id) > 0 then ids[#ids + 1] = id end
+end
+for s = 1, #ids, 1000 do
+  local args = {stream, group, consumer, 0}
+  for k = s, math.min(s + 999, #ids) do args[#args + 1] = ids[k] end
+  args[#args + 1] = 'JUSTID'
+  redis.call('XCLAIM', unpack(args))
+end
+return #ids
+"""
+
+
 class Script:
     """A Lua script run with EVALSHA (EVAL once the server has forgotten it, e.g. after a restart)."""
 
@@ -173,3 +208,4 @@ class Script:
 
 
 settle_script = Script(SETTLE)
+refresh_script = Script(REFRESH)

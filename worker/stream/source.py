@@ -12,6 +12,7 @@ from typing import Any
 import redis
 
 from worker.stream.messages import as_text
+from worker.stream.scripts import refresh_script
 
 
 @dataclass
@@ -149,6 +150,12 @@ class StreamSource:
     def delete_consumer(self) -> None:
         """Forget this consumer's name (only call when it has nothing pending: XGROUP DELCONSUMER drops its PEL)."""
         self.client.xgroup_delconsumer(self.stream, self.group, self.consumer)
+
+    def refresh(self, ids: list[str]) -> int:
+        """Reset the idle time of those of ``ids`` still pending on this consumer (see scripts.REFRESH)."""
+        if not ids:
+            return 0
+        return int(refresh_script(self.client, [self.stream], [self.group, self.consumer, *ids]))
 
     def ack(self, ids: list[str]) -> int:
         return int(self.client.xack(self.stream, self.group, *ids)) if ids else 0
