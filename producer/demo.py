@@ -25,22 +25,13 @@ from producer.client import TriageClient
 from producer.local_redis import demo_redis
 from producer.settings import ProducerSettings
 from producer.synth import generate_tickets
+from worker.engine.types import padding_pct, percentile
 
 BAD_TICKETS = [  # each is dead-lettered by the worker, with a reason
     {"id": "bad-empty-text", "text": ""},
     {"id": "bad-whitespace-text", "text": "   \n\t  "},
     {"id": "bad-meta-not-json", "text": "Where is my order #12345?", "meta": "{this is not json"},
 ]
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 class WorkerProcess:
@@ -151,11 +142,11 @@ def summarize(client: TriageClient, worker: WorkerProcess, labels_by_id: dict[st
         "labels": Counter(f.get("label", "?") for f in results),
         "agreement_with_intended_label": sum(agree) / len(agree) if agree else None,
         "batches": len(batches),
-        "padding_pct": 100.0 * (padded - real) / padded if padded else None,
+        "padding_pct": padding_pct(real, padded) if padded else None,
         "items_per_s_busy": 1000.0 * (len(results) + len(dead)) / busy_ms if busy_ms else None,
         "items_per_s_wall": len(results) / span_s if span_s else None,
-        "latency_p50_ms": _pct(latencies, 50),
-        "latency_p99_ms": _pct(latencies, 99),
+        "latency_p50_ms": percentile(latencies, 50),
+        "latency_p99_ms": percentile(latencies, 99),
         "model": loaded.get("model") or (results[0].get("model") if results else None),
         "device": loaded.get("device"),
         "dtype": loaded.get("dtype"),

@@ -26,7 +26,7 @@ def bench_doc(tiny_model_dir, tmp_path_factory):
     threads = torch.get_num_threads()
     rc = cli.main([
         "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "fp32", "--n", str(N), "--fixed-batch", "4",
-        "--max-batch-items", "4", "--prompt", "both", "--sweep", "--sweep-items", "1,4", "--sweep-tokens", "4096",
+        "--pass-max-items", "4", "--prompt", "both", "--sweep", "--sweep-items", "1,4", "--sweep-tokens", "4096",
         "--gemm-tokens", "32", "--json", str(out / "b.json"), "--plot", str(out / "b.png"), "--no-progress",
     ])
     assert rc == 0
@@ -36,7 +36,7 @@ def bench_doc(tiny_model_dir, tmp_path_factory):
 
 def test_every_mode_agrees_with_sequential_and_counts_add_up(bench_doc):
     doc, _ = bench_doc
-    assert doc["schema"] == "triage-bench/1"
+    assert doc["schema"] == "triage-bench/2"
     assert [r["prompt"] for r in doc["runs"]] == ["few-shot", "zero-shot"]
     few, zero = doc["runs"]
     assert zero["prefix_tokens"] < few["prefix_tokens"]  # the examples live in the prefix
@@ -55,7 +55,7 @@ def test_every_mode_agrees_with_sequential_and_counts_add_up(bench_doc):
             assert t["computed"] == t["real"] + t["padding"]
             assert m["flops"]["computed"] >= m["flops"]["work"] > 0
         seq = modes["sequential"]
-        assert seq["batches"] == N and seq["tokens"]["padding"] == 0
+        assert seq["passes"] == N and seq["tokens"]["padding"] == 0
         assert seq["tokens"]["real"] == work + N * prefix  # the prefix is re-computed for every ticket
         glob = modes["global_pad"]
         assert glob["tokens"]["computed"] == N * glob["pad_to"] == N * (prefix + max(run["suffix_tokens"]))
@@ -64,8 +64,8 @@ def test_every_mode_agrees_with_sequential_and_counts_add_up(bench_doc):
         assert cached["tokens"]["computed"] < modes["bucketed"]["tokens"]["computed"]
         assert modes["bucketed"]["padding_pct"] <= modes["arrival"]["padding_pct"]
         assert sum(b["items"] for b in run["buckets"]) == N
-        assert [r["max_batch_items"] for r in run["sweep"]] == [1, 4]
-        assert run["sweep"][0]["batches"] == N
+        assert [r["pass_max_items"] for r in run["sweep"]] == [1, 4]
+        assert run["sweep"][0]["passes"] == N
 
 
 def test_json_has_hardware_workload_gemm_and_a_png(bench_doc):
@@ -88,7 +88,7 @@ def test_flop_counts_follow_the_documented_formula(tiny_model_dir):
     # 3 suffix tokens after a 10-token cached prefix attend to 11, 12, 13 keys
     assert row_flops(shape, 3, past=10) == 2 * n * 3 + 4 * layers * a * (11 + 12 + 13)
     assert work_flops(shape, 10, [3, 1]) == row_flops(shape, 3, 10) + row_flops(shape, 1, 10)
-    batch = bucketing.Batch((0, 1), (3, 1))  # the 1-token row is padded to 3
+    batch = bucketing.Pass((0, 1), (3, 1))  # the 1-token row is padded to 3
     assert computed_flops(shape, [batch], 10, cached=True) == 2 * row_flops(shape, 3, 10)
     assert computed_flops(shape, [batch], 10, cached=True, pad_to=5) == 2 * row_flops(shape, 5, 10)
 
@@ -124,13 +124,13 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     from worker.engine.task import default_task
     from worker.settings import Settings
 
-    settings = Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", redis_url=redis_url, max_batch_items=4)
+    settings = Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", redis_url=redis_url, window_max_items=4)
     (_, clf), = cli.build_classifiers(settings, [("few-shot", default_task())])
     texts = workload.synthetic(5).texts
     seq = run_mode(clf, clf.prepare_valid(list(texts)), MODES["sequential"], 4)
     out = run_redis(settings, texts, clf.dtype_name, {"sequential": seq}, timeout_s=120, namespace=key_prefix)
     assert out.get("error") is None, out.get("error")
-    assert out["results"] == 5 and out["dead_lettered"] == 0 and out["worker_batches"] == 2  # windows of 4 + 1
+    assert out["results"] == 5 and out["dead_lettered"] == 0 and out["worker_windows"] == 2  # windows of 4 + 1
     assert out["agreement"]["sequential"]["label_agreement"] == 1.0
     assert out["items_per_s"] > 0 and 0 < out["infer_s"] <= out["wall_s"] and 0 <= out["queue_overhead_pct"] < 100
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))  # cleaned up

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from worker.assemble import build_classifier
 from worker.engine.classifier import Classifier, InvalidTicket
 from worker.engine.loader import load_model
 from worker.engine.prompt import system_text
@@ -31,8 +32,8 @@ def loaded(tiny_model_dir):
 
 
 def make(loaded, task=None, **kw):
-    kw.setdefault("max_batch_items", 6)
-    kw.setdefault("max_batch_tokens", 600)
+    kw.setdefault("pass_max_items", 6)
+    kw.setdefault("pass_max_tokens", 600)
     return Classifier(loaded, task or default_task(), **kw)
 
 
@@ -40,12 +41,12 @@ def max_delta(a, b):
     return max(abs(x.scores[k] - y.scores[k]) for x, y in zip(a, b) for k in x.scores)
 
 
-def test_from_settings_loads_through_model_path(tiny_model_dir, monkeypatch, tmp_path):
+def test_build_classifier_loads_through_model_path(tiny_model_dir, monkeypatch, tmp_path):
     monkeypatch.setenv("TRIAGE_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("TRIAGE_DTYPE", "fp32")
     monkeypatch.setenv("TRIAGE_LABELS", "billing, technical,account")
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path))
-    clf = Classifier.from_settings(Settings())
+    clf = build_classifier(Settings())
     assert clf.labels == ("billing", "technical", "account")
     assert clf.dtype_name == "fp32"
     preds = clf.classify_texts(["my card was charged twice"])
@@ -57,11 +58,31 @@ def test_batched_buckets_with_prefix_cache_match_unpadded_reference(loaded):
     clf = make(loaded)
     items = clf.prepare_valid(TEXTS)
     batched, stats = clf.classify(items)
-    assert stats.batches > 1 and max(stats.batch_sizes) > 1  # really batched and padded
+    assert stats.passes > 1 and max(stats.pass_sizes) > 1  # really batched and padded
     assert stats.padded_tokens > stats.real_tokens
     reference = clf.reference(items)
     assert [p.label for p in batched] == [p.label for p in reference]
     assert max_delta(batched, reference) < 1e-5
+
+
+def test_classify_passes_yields_after_each_forward_call(loaded, monkeypatch):
+    clf = make(loaded)
+    items = clf.prepare_valid(TEXTS)
+    calls = []
+    run_pass = clf.run_pass
+    monkeypatch.setattr(clf, "run_pass", lambda chunk, **kw: calls.append(len(chunk)) or run_pass(chunk, **kw))
+    gen = clf.classify_passes(items)
+    indices, preds, stats = next(gen)
+    assert calls == [len(indices)]  # the first pass is handed out before the second one runs
+    assert len(preds) == stats.items == len(indices) and stats.padded_tokens >= stats.real_tokens > 0
+    assert stats.prefix_tokens_reused == clf.prefix_length * len(indices)
+    rest = list(gen)
+    plan = clf.plan(items)
+    assert [indices] + [r[0] for r in rest] == [p.indices for p in plan] and len(plan) > 1
+    by_index = {i: p for ix, ps, _ in [(indices, preds, stats)] + rest for i, p in zip(ix, ps)}
+    whole, total = clf.classify(items)  # built on classify_passes: same answers, in input order
+    assert [by_index[i] for i in range(len(items))] == whole
+    assert total.items == len(items) and total.passes == len(plan) and total.pass_sizes == [p.size for p in plan]
 
 
 def test_prefix_cache_equals_no_cache_path(loaded):

@@ -187,12 +187,12 @@ def test_model_error_is_isolated_to_the_item_that_fails_alone():
         calls.append(len(items))
         if any(p.ids[0] == 13 for p in items):
             raise RuntimeError("bad tensor")
-        return [_pred() for _ in items], RunStats(items=len(items), batches=1, real_tokens=3 * len(items), padded_tokens=3 * len(items))
+        return [_pred() for _ in items], RunStats(items=len(items), passes=1, real_tokens=3 * len(items), padded_tokens=3 * len(items))
 
     out, stats, retried = classify_isolated(classify, [_prep(1), _prep(13), _prep(2)])
     assert calls == [3, 1, 1, 1] and retried == 3
     assert isinstance(out[1], RuntimeError) and out[0] == out[2] == _pred()
-    assert stats.real_tokens == 6 and stats.batches == 2
+    assert stats.real_tokens == 6 and stats.passes == 2
     assert classify_isolated(classify, [_prep(1)])[2] == 0
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from worker.cli import main
-from worker.engine.classifier import Classifier
-from worker.engine.configure import scorer_kind
+from worker.assemble import build_classifier
 from worker.engine.task import load_task_file
 from worker.quality.head import Head, HeadMismatch
 from worker.settings import Settings
@@ -87,12 +86,12 @@ def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, ca
     assert len(task.examples) == 5 and {e.label for e in task.examples} == set(task.labels)
     head = Head.load(head_path)
     assert head.method == "centroid" and head.meta["n_train"] == 50
-    clf = Classifier.from_settings(Settings(task_file=task_path, head_path=head_path))
-    assert scorer_kind(clf) == "head"
+    clf = build_classifier(Settings(task_file=task_path, head_path=head_path))
+    assert clf.scorer.kind == "head"
     preds = clf.classify_texts(["I was charged twice", "the app crashes"])
     assert all(p.label in task.labels for p in preds)
     with pytest.raises(HeadMismatch, match="prompt"):  # same labels, but without the examples it was fitted under
-        Classifier.from_settings(Settings(head_path=head_path))
+        build_classifier(Settings(head_path=head_path))
     # eval scores the head file under the task it was fitted for, and names it the worker's default
     monkeypatch.setenv("TRIAGE_TASK_FILE", str(task_path))
     monkeypatch.setenv("TRIAGE_HEAD_PATH", str(head_path))

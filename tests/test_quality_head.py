@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.engine.classifier import Classifier, softmax
-from worker.engine.configure import ScoringConfigError, scorer_kind
+from worker.assemble import ScoringConfigError, build_classifier
+from worker.engine.classifier import softmax
 from worker.engine.task import Example, default_task
 from worker.quality.calibration import contextual_bias, content_free_items
-from worker.quality.features import run_pass
+from worker.quality.features import run_features
 from worker.quality.head import Head, HeadMismatch, HeadScorer, fit_head, prompt_hash
 from worker.settings import Settings
 
@@ -38,15 +38,15 @@ def settings_for(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def clf(settings_for) -> Classifier:
-    return Classifier.from_settings(settings_for(scorer="prompt"))
+def clf(settings_for):
+    return build_classifier(settings_for(scorer="prompt"))
 
 
 @pytest.fixture(scope="module")
 def fitted(clf, tmp_path_factory):
     """A logreg head on mean-pooled states of TEXTS, saved to disk."""
     items = clf.prepare_valid([t for t, _ in TEXTS])
-    feats = run_pass(clf, items, score=False, progress=False)
+    feats = run_features(clf, items, score=False, progress=False)
     meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name}
     head = fit_head(feats.mean, [lab for _, lab in TEXTS], clf.labels, method="logreg", pooling="mean", meta=meta)
     path = tmp_path_factory.mktemp("head") / "head.safetensors"
@@ -89,18 +89,15 @@ def test_head_scorer_batched_path_matches_reference_and_offline_features(clf, fi
     head, _, _ = fitted
     texts = [t for t, _ in TEXTS] + ["a much longer ticket " * 12, "short"]
     items = clf.prepare_valid(texts)
-    saved = clf.scorer
-    clf.scorer = HeadScorer(head)
-    try:
-        batched, stats = clf.classify(items)
-        reference = clf.reference(items)
-    finally:
-        clf.scorer = saved
-    assert stats.batches >= 1 and stats.prefix_tokens_reused > 0  # prefix-cached, bucketed
+    with_head = clf.with_scoring(HeadScorer(head))
+    assert clf.scorer.kind == "prompt" and with_head.scorer.kind == "head"  # a new classifier; clf is left as it was
+    batched, stats = with_head.classify(items)
+    reference = with_head.reference(items)
+    assert stats.passes >= 1 and stats.prefix_tokens_reused > 0  # prefix-cached, bucketed
     assert [p.label for p in batched] == [p.label for p in reference]
     for a, b in zip(batched, reference):
         assert a.scores == pytest.approx(b.scores, abs=1e-4)
-    offline = softmax(head.logits(run_pass(clf, items, score=False, progress=False).mean))  # what eval measures
+    offline = softmax(head.logits(run_features(clf, items, score=False, progress=False).mean))  # what eval measures
     assert np.allclose(offline, [[p.scores[lab] for lab in clf.labels] for p in batched], atol=1e-4)
     # the head was fitted on these very texts: it must have learned them
     assert sum(p.label == lab for p, (_, lab) in zip(batched, TEXTS)) >= 8
@@ -109,44 +106,44 @@ def test_head_scorer_batched_path_matches_reference_and_offline_features(clf, fi
 def test_worker_settings_load_check_and_refuse_heads(settings_for, fitted, tmp_path):
     _, path, _ = fitted
     with pytest.raises(ScoringConfigError, match="TRIAGE_HEAD_PATH"):
-        Classifier.from_settings(settings_for(scorer="head"))
-    auto = Classifier.from_settings(settings_for(head_path=path))  # scorer=auto is the default
-    assert scorer_kind(auto) == "head" and not auto.scorer.needs_cache and auto.scorer.needs_mean
-    assert scorer_kind(Classifier.from_settings(settings_for(scorer="prompt", head_path=path))) == "prompt"
+        build_classifier(settings_for(scorer="head"))
+    auto = build_classifier(settings_for(head_path=path))  # scorer=auto is the default
+    assert auto.scorer.kind == "head" and not auto.scorer.needs_cache and auto.scorer.needs_mean
+    assert build_classifier(settings_for(scorer="prompt", head_path=path)).scorer.kind == "prompt"
     # a different prompt (other examples) or label set: the head's features would not mean the same
     other = default_task().with_examples([Example("my card was charged", "billing")])
     with pytest.raises(HeadMismatch, match="prompt"):
-        Classifier.from_settings(settings_for(head_path=path), task=other)
+        build_classifier(settings_for(head_path=path), task=other)
     with pytest.raises(HeadMismatch, match="labels"):
-        Classifier.from_settings(settings_for(head_path=path, labels="billing,technical"))
+        build_classifier(settings_for(head_path=path, labels="billing,technical"))
     bad = tmp_path / "not-a-head.safetensors"
     bad.write_bytes(b"garbage")
     with pytest.raises(ScoringConfigError, match="cannot load"):
-        Classifier.from_settings(settings_for(head_path=bad))
+        build_classifier(settings_for(head_path=bad))
 
 
 def test_contextual_calibration_setting_makes_content_free_tickets_uniform(settings_for, clf, fitted):
-    cal = Classifier.from_settings(settings_for(scorer="prompt", calibration="contextual"))
+    cal = build_classifier(settings_for(scorer="prompt", calibration="contextual"))
     assert np.allclose(cal.score_bias, contextual_bias(clf)) and np.abs(cal.score_bias).max() > 1e-3
     cf = content_free_items(cal)
     assert [p.n_text_tokens for p in cf][1] == 0  # the empty ticket: just the answer cue
-    raw = softmax(clf.run_batch(cf)).mean(0)
-    calibrated = np.array([[p.scores[lab] for lab in cal.labels] for p in cal.postprocess(cal.run_batch(cf), cf)])
+    raw = softmax(clf.run_pass(cf)).mean(0)
+    calibrated = np.array([[p.scores[lab] for lab in cal.labels] for p in cal.postprocess(cal.run_pass(cf), cf)])
     uniform = np.full(len(cal.labels), 1 / len(cal.labels))
     assert np.abs(raw - uniform).max() > 0.01
     # geometric-mean correction: exact uniformity for one content-free input, close to it for the average of three
     assert np.abs(calibrated.mean(0) - uniform).max() < np.abs(raw - uniform).max() / 2
     _, path, _ = fitted
-    with_head = Classifier.from_settings(settings_for(head_path=path, calibration="contextual"))
-    assert scorer_kind(with_head) == "head" and not with_head.score_bias.any()  # a fitted head is left as fitted
+    with_head = build_classifier(settings_for(head_path=path, calibration="contextual"))
+    assert with_head.scorer.kind == "head" and not with_head.score_bias.any()  # a fitted head is left as fitted
 
 
 def test_confidence_threshold_marks_low_confidence_results_as_fallback(settings_for):
     texts = [t for t, _ in TEXTS]
-    plain = Classifier.from_settings(settings_for(scorer="prompt")).classify_texts(texts)
+    plain = build_classifier(settings_for(scorer="prompt")).classify_texts(texts)
     top = sorted(p.score for p in plain)
     cut = (top[len(top) // 2 - 1] + top[len(top) // 2]) / 2  # half the tickets fall below
-    strict = Classifier.from_settings(settings_for(scorer="prompt", confidence_threshold=cut, fallback_label="needs_review"))
+    strict = build_classifier(settings_for(scorer="prompt", confidence_threshold=cut, fallback_label="needs_review"))
     preds = strict.classify_texts(texts)
     for p, q in zip(plain, preds):
         assert q.scores == pytest.approx(p.scores)  # probabilities are reported either way
@@ -155,8 +152,8 @@ def test_confidence_threshold_marks_low_confidence_results_as_fallback(settings_
 
 
 def test_default_start_up_fits_a_centroid_head_on_the_task_examples_unless_told_otherwise(settings_for):
-    clf = Classifier.from_settings(settings_for())  # scorer=auto, built-in task with one example per label
-    assert scorer_kind(clf) == "head"
+    clf = build_classifier(settings_for())  # scorer=auto, built-in task with one example per label
+    assert clf.scorer.kind == "head"
     head = clf.scorer.head
     assert (head.method, head.pooling, head.meta["n_train"], head.meta["source"]) == ("centroid", "mean", 5, "task examples")
     examples = clf.task.examples
@@ -168,5 +165,5 @@ def test_default_start_up_fits_a_centroid_head_on_the_task_examples_unless_told_
         assert a.scores == pytest.approx(b.scores, abs=1e-4)
     # an example's own hidden state is its class centroid: it must come back with its label
     assert [p.label for p in batched[: len(examples)]] == [e.label for e in examples]
-    assert scorer_kind(Classifier.from_settings(settings_for(scorer="prompt"))) == "prompt"
-    assert scorer_kind(Classifier.from_settings(settings_for(labels="billing,other"))) == "prompt"  # no examples
+    assert build_classifier(settings_for(scorer="prompt")).scorer.kind == "prompt"
+    assert build_classifier(settings_for(labels="billing,other")).scorer.kind == "prompt"  # no examples

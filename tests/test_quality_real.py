@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.engine.classifier import Classifier
-from worker.engine.configure import scorer_kind
+from worker.assemble import build_classifier
 from worker.quality.data import load_labelled
 from worker.quality.metrics import evaluate
 from worker.settings import Settings
@@ -21,8 +20,8 @@ TICKETS = Path(__file__).parent / "data" / "support_tickets_labelled.jsonl"
 def test_default_worker_scoring_beats_chance_by_far_and_batched_agrees_with_reference(monkeypatch):
     for k in [k for k in os.environ if k.startswith("TRIAGE_") and k != "TRIAGE_CACHE_DIR"]:
         monkeypatch.delenv(k)  # the defaults a fresh worker starts with
-    clf = Classifier.from_settings(Settings())
-    assert scorer_kind(clf) == "head"
+    clf = build_classifier(Settings())
+    assert clf.scorer.kind == "head"
     test = load_labelled(TICKETS, split="test")
     sample, seen = [], Counter()
     for r in test:  # the first 5 test tickets of each label

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from worker.engine.classifier import Classifier
+from worker.assemble import build_classifier
 from worker.engine.loader import bundled_gguf_path, resolve_source
-from worker.settings import BUNDLED_MODEL, Settings
+from worker.engine.constants import BUNDLED_MODEL
+from worker.settings import Settings
 
 pytestmark = pytest.mark.real_model
 
@@ -33,7 +34,7 @@ def real_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def real_clf(real_cache):
-    return Classifier.from_settings(Settings(model=BUNDLED_MODEL, cache_dir=real_cache, device="cpu", dtype="bf16"))
+    return build_classifier(Settings(model=BUNDLED_MODEL, cache_dir=real_cache, device="cpu", dtype="bf16"))
 
 
 def test_gguf_is_converted_once_and_reused(real_clf, real_cache):

@@ -24,6 +24,7 @@ from rq.serializers import JSONSerializer
 
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from worker import rq_jobs
+from worker.rqbatch import plain
 from worker.engine.task import DEFAULT_LABELS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +178,7 @@ def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
     in_hand = enqueue_tickets(q, TICKETS[:3])
     h.jobs += in_hand
     # A long fill wait: the worker holds these 3 jobs, waiting for more, when SIGTERM arrives.
-    proc = _start_worker(h, TRIAGE_MAX_BATCH_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000")
+    proc = _start_worker(h, TRIAGE_WINDOW_MAX_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000")
     worker_key = f"rq:worker:{h.worker_name}"
     try:
         _wait_for(lambda: q.count == 0 and h.conn.hget(worker_key, "state") == b"busy", "the worker to take the batch")
@@ -206,13 +207,13 @@ def test_plain_rq_worker_runs_classify_loading_the_model_once(rq_setup, monkeypa
             monkeypatch.setenv(k, v)
     jobs = [enqueue_ticket(q, TICKETS[0]), q.enqueue(rq_jobs.classify, TICKETS[1]), enqueue_ticket(q, {"text": ""})]
     h.jobs += jobs
-    rq_jobs._engine.cache_clear()
+    plain.engine.cache_clear()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:  # RQ's own non-forking worker, in this process
         SimpleWorker([q], connection=h.conn, serializer=JSONSerializer, name=h.worker_name).work(burst=True)
-        assert rq_jobs._engine.cache_info().misses == 1
+        assert plain.engine.cache_info().misses == 1
     finally:
-        rq_jobs._engine.cache_clear()
+        plain.engine.cache_clear()
         for s, handler in handlers.items():
             signal.signal(s, handler)
     done = [Job.fetch(j.id, connection=h.conn, serializer=JSONSerializer) for j in jobs]

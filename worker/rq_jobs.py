@@ -1,105 +1,20 @@
-"""The RQ job function ``worker.rq_jobs.classify`` and the payload rules every RQ path shares.
+"""The documented RQ job path ``worker.rq_jobs.classify`` (the wire contract); the code lives in ``worker.rqbatch``.
 
-RQ users enqueue this path (``q.enqueue("worker.rq_jobs.classify", {"text": ...})``)
-and read the label from ``job.return_value()``. The batch worker
-(``worker.rqbatch.BatchWorker``) never calls the function: it recognises the path and
-runs the same checks and the same engine on many jobs at once. A plain ``rq worker``
-can still run it, one ticket per job, with the model loaded lazily once per process.
-
-Heavy imports (torch, the engine) stay inside functions so the producer can import
-``CLASSIFY_PATH`` without pulling in torch.
+``classify`` is defined here, not re-exported, so that ``q.enqueue(classify, ...)``
+still records this path. Heavy imports (torch, the engine) wait for the first job.
 """
 
 from __future__ import annotations
 
-import functools
-import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-CLASSIFY_PATH = "worker.rq_jobs.classify"
+from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, job_result, latency_ms, ticket_text
 
-
-class InvalidJob(ValueError):
-    """A job triage refuses or cannot read; the message is a sentence for a person (it lands in exc_info)."""
-
-
-def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: int) -> str:
-    """The ticket text of a classify call ``classify(ticket)``; ``ticket`` is ``{"text": str}`` or a str.
-
-    Extra keys in the dict are ignored. Raises ``InvalidJob`` with a clear reason otherwise.
-    """
-    if kwargs:
-        raise InvalidJob(f"classify takes one positional ticket, not keyword arguments ({', '.join(sorted(map(str, kwargs)))})")
-    if len(args) != 1:
-        raise InvalidJob(f"classify takes exactly one ticket argument, got {len(args)}")
-    ticket = args[0]
-    if isinstance(ticket, Mapping):
-        if "text" not in ticket:
-            raise InvalidJob("ticket has no 'text' field (expected {\"text\": \"...\"})")
-        text = ticket["text"]
-    elif isinstance(ticket, str):
-        text = ticket
-    else:
-        raise InvalidJob(f"ticket must be an object with a 'text' field or a string, got {_json_type(ticket)}")
-    if not isinstance(text, str):
-        raise InvalidJob(f"ticket text must be a string, got {_json_type(text)}")
-    if not text.strip():
-        raise InvalidJob("ticket text is empty")
-    n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
-    if n_bytes > max_text_bytes:
-        raise InvalidJob(f"ticket text is {n_bytes} bytes, over the {max_text_bytes}-byte limit (TRIAGE_MAX_TEXT_BYTES)")
-    return text
-
-
-def job_result(pred, model: str) -> dict[str, Any]:
-    """What ``job.return_value()`` gives an RQ user: plain JSON, no engine types."""
-    return {
-        "label": pred.label,
-        "score": round(pred.score, 6),
-        "scores": {k: round(v, 6) for k, v in pred.scores.items()},
-        "truncated": pred.truncated,
-        "tokens": pred.n_tokens,
-        "model": model,
-    }
-
-
-def latency_ms(job) -> float | None:
-    """Enqueue-to-label time of an RQ job, for the results stream."""
-    if job is None or job.enqueued_at is None:
-        return None
-    return max(0.0, (time.time() - job.enqueued_at.timestamp()) * 1000)
-
-
-@functools.lru_cache(maxsize=1)
-def _engine():
-    """Settings + classifier, built on first use and kept for the life of the process."""
-    from worker.engine.classifier import Classifier
-    from worker.settings import Settings
-
-    settings = Settings()
-    return settings, Classifier.from_settings(settings)
+__all__ = ["CLASSIFY_PATH", "InvalidJob", "classify", "job_result", "latency_ms", "ticket_text"]
 
 
 def classify(ticket: Mapping[str, Any] | str) -> dict[str, Any]:
     """Classify one ticket (the plain-RQ path); mirrors the result to the results stream when run by RQ."""
-    from rq import get_current_job
+    from worker.rqbatch.plain import classify_one
 
-    from worker.engine.classifier import InvalidTicket
-    from worker.stream.records import result_fields
-
-    settings, clf = _engine()
-    text = ticket_text((ticket,), {}, settings.max_text_bytes)
-    item = clf.prepare([text])[0]
-    if isinstance(item, InvalidTicket):
-        raise item
-    pred = clf.classify([item])[0][0]
-    job = get_current_job()
-    if job is not None:
-        fields = result_fields(job.id, pred, latency_ms=latency_ms(job), model=clf.model_name, worker=job.worker_name or "")
-        job.connection.xadd(settings.results_stream, fields, maxlen=settings.results_maxlen, approximate=True)
-    return job_result(pred, clf.model_name)
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
+    return classify_one(ticket)

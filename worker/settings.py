@@ -9,12 +9,31 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BUNDLED_MODEL = "bundled:smollm2"
+from worker.engine.constants import BUNDLED_MODEL
+
+ENV_PREFIX = "TRIAGE_"
+# Old name -> what replaced it. Still read (the new names win); start-up logs a warning (worker.assemble).
+DEPRECATED_ENV = {
+    "TRIAGE_MAX_BATCH_ITEMS": "TRIAGE_WINDOW_MAX_ITEMS and TRIAGE_PASS_MAX_ITEMS",
+    "TRIAGE_MAX_BATCH_TOKENS": "TRIAGE_PASS_MAX_TOKENS",
+    "TRIAGE_BATCH_OVERHEAD_TOKENS": "TRIAGE_PASS_OVERHEAD_TOKENS",
+}
+
+
+def _env(name: str, deprecated: str) -> AliasChoices:
+    """Read ``TRIAGE_<name>``, else the deprecated ``TRIAGE_<deprecated>`` (keyword arguments use the field name)."""
+    return AliasChoices(ENV_PREFIX + name, ENV_PREFIX + deprecated)
+
+
+def deprecated_env_in_use(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The deprecated variables set in ``environ`` (default: the process env), each with its replacement."""
+    names = {k.upper() for k in (os.environ if environ is None else environ)}
+    return {old: new for old, new in DEPRECATED_ENV.items() if old in names}
 
 
 def _default_cache_dir() -> Path:
@@ -29,7 +48,9 @@ def _default_consumer() -> str:
 class Settings(BaseSettings):
     """Every knob of the worker, engine and its Redis wiring (``TRIAGE_<NAME>``)."""
 
-    model_config = SettingsConfigDict(env_prefix="TRIAGE_", extra="ignore", protected_namespaces=())
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", protected_namespaces=(), validate_by_name=True
+    )
 
     # --- model / engine -------------------------------------------------
     model: str = Field(
@@ -45,10 +66,21 @@ class Settings(BaseSettings):
     max_input_tokens: int = Field(512, ge=1, description="Ticket tokens beyond this are truncated (flagged).")
     truncate: bool = Field(True, description="Truncate long tickets (True) or reject them (False).")
     prefix_cache: bool = Field(True, description="Reuse the shared prompt prefix's KV cache across batches.")
-    max_batch_items: int = Field(64, ge=1, description="Tickets drained per read and per forward pass at most.")
-    max_batch_tokens: int = Field(8192, ge=1, description="Padded-token budget per forward pass (items x longest).")
-    batch_overhead_tokens: int = Field(
-        32, ge=0, description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs)."
+    # A window is one drain of the input stream; a pass is one forward call over a length bucket of it.
+    window_max_items: int = Field(
+        256, ge=1, validation_alias=_env("WINDOW_MAX_ITEMS", "MAX_BATCH_ITEMS"),
+        description="Tickets drained from the stream per window at most (split into passes by length).",
+    )
+    pass_max_items: int = Field(
+        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"), description="Tickets per forward pass at most."
+    )
+    pass_max_tokens: int = Field(
+        8192, ge=1, validation_alias=_env("PASS_MAX_TOKENS", "MAX_BATCH_TOKENS"),
+        description="Padded-token budget per forward pass (items x longest).",
+    )
+    pass_overhead_tokens: int = Field(
+        32, ge=0, validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
+        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs).",
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
@@ -68,7 +100,7 @@ class Settings(BaseSettings):
     result_ttl_s: int = Field(86_400, ge=1, description="Expiry of the per-ticket result keys.")
     group: str = Field("triage", description="Consumer group; more workers in the same group share the stream.")
     consumer: str = Field(default_factory=_default_consumer, description="Consumer name, unique per process.")
-    max_wait_ms: int = Field(50, ge=0, description="How long a drain waits to fill a batch.")
+    max_wait_ms: int = Field(50, ge=0, description="How long a drain waits to fill a window.")
     claim_idle_ms: int = Field(60_000, ge=1, description="Reclaim entries idle this long from dead consumers.")
     max_deliveries: int = Field(5, ge=1, description="Entries delivered more often go to the dead-letter stream.")
     max_text_bytes: int = Field(65_536, ge=1, description="Hard cap on a ticket's raw text size.")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from worker.settings import Settings
+from pydantic import AliasChoices
+
+from worker.settings import ENV_PREFIX, Settings
 
 
 def markdown_table() -> str:
@@ -13,7 +15,11 @@ def markdown_table() -> str:
             default = "~/.cache/triage"
         elif name == "consumer":
             default = "hostname-pid"
-        rows.append(f"| `TRIAGE_{name.upper()}` | `{default}` | {field.description or ''} |")
+        meaning = field.description or ""
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices) and len(alias.choices) > 1:
+            meaning += " Deprecated alias: " + ", ".join(f"`{old}`" for old in alias.choices[1:]) + "."
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{default}` | {meaning} |")
     return "\n".join(rows)
 
 

@@ -35,15 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
     m.add_argument("--threads", type=int, help=f"torch intra-op threads on CPU (default {DEFAULT_CPU_THREADS}: steady on a shared CPU, see "
                    "docs/benchmark.md; 0 = torch's default, which is what the worker uses today)")
-    m.add_argument("--max-batch-items", type=int, help="modes 4-5: items per pass at most (TRIAGE_MAX_BATCH_ITEMS)")
-    m.add_argument("--max-batch-tokens", type=int, help="modes 4-5: padded tokens per pass at most (TRIAGE_MAX_BATCH_TOKENS)")
+    m.add_argument("--pass-max-items", "--max-batch-items", dest="pass_max_items", type=int,
+                   help="modes 4-6: items per pass at most (TRIAGE_PASS_MAX_ITEMS)")
+    m.add_argument("--pass-max-tokens", "--max-batch-tokens", dest="pass_max_tokens", type=int,
+                   help="modes 4-6: padded tokens per pass at most (TRIAGE_PASS_MAX_TOKENS)")
     m.add_argument("--fixed-batch", type=int,
                    help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
     r = p.add_argument_group("what to run")
     r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
     r.add_argument("--no-interleave", action="store_true", help="run modes one after another (default: interleaved batch by batch)")
     r.add_argument("--quick", action="store_true", help=f"{QUICK_N} tickets: a smoke run, well under a minute")
-    r.add_argument("--sweep", action="store_true", help="also run mode 5 over a max_batch_items x max_batch_tokens grid")
+    r.add_argument("--sweep", action="store_true", help="also run mode 5 over a pass_max_items x pass_max_tokens grid")
     r.add_argument("--sweep-items", default=SWEEP_ITEMS, help="grid for --sweep (default %(default)s)")
     r.add_argument("--sweep-tokens", default=SWEEP_TOKENS, help="grid for --sweep (default %(default)s)")
     r.add_argument("--redis", action="store_true", help="mode 6: the same tickets through Redis + `python -m worker run --drain`")
@@ -81,9 +83,8 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
 
     from worker.settings import Settings
 
-    names = ("model", "device", "dtype", "max_batch_items", "max_batch_tokens", "redis_url")
     try:
-        settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
+        settings = bench_settings(args)
     except ValidationError as e:
         print(f"triage-bench: invalid settings:\n{e}", file=sys.stderr)
         return 2
@@ -91,18 +92,33 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
 
     default_threads = torch.get_num_threads()
     try:
-        _set_threads(settings, args.threads)
         return _run(args, settings, n, modes, sweep, default_threads)
     finally:
         torch.set_num_threads(default_threads)  # leave in-process callers (tests) as they were
+
+
+def bench_settings(args: argparse.Namespace):
+    """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
+
+    ``--threads`` becomes ``torch_threads`` (default on CPU: ``DEFAULT_CPU_THREADS``; 0 keeps ``TRIAGE_TORCH_THREADS``).
+    """
+    from worker.engine.device import pick_device
+    from worker.settings import Settings
+
+    names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url")
+    settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        threads = DEFAULT_CPU_THREADS if pick_device(settings.device).type == "cpu" else 0
+    return settings.model_copy(update={"torch_threads": threads}) if threads > 0 else settings
 
 
 def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: list[tuple[int, int]], default_threads: int) -> int:
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
+    from worker.assemble import task_from_settings
     from worker.bench.modes import MODE_ORDER, MODES, run_modes, warm_up
-    from worker.engine.task import task_from_settings
 
     t_start = time.perf_counter()
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
@@ -118,8 +134,11 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         "quick": args.quick,
         "hardware": {**hardware(first), "torch_default_threads": default_threads},
         "model": {"name": settings.model, "label": args.model_label, "shape": shape.as_dict(), "labels": list(first.labels)},
-        "settings": {"max_batch_items": settings.max_batch_items, "max_batch_tokens": settings.max_batch_tokens,
-                     "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens},
+        "settings": {"pass_max_items": settings.pass_max_items, "pass_max_tokens": settings.pass_max_tokens,
+                     "pass_overhead_tokens": settings.pass_overhead_tokens,
+                     "window_max_items": settings.window_max_items,
+                     "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens,
+                     "scorer": first.scorer.kind, "prefix_cache": settings.prefix_cache},
         "workload": {
             "source": wk.source, "n": wk.n, "seed": args.seed,
             "words": wl.length_summary([len(t.split()) for t in wk.texts]),
@@ -148,7 +167,7 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
                  "modes": summaries, "suffix_tokens": [len(p.ids) for p in items], "buckets": None, "sweep": []}
         if "bucketed_cached" in runs:
             entry["buckets"] = [{"items": b.size, "min_len": min(b.lengths), "max_len": b.max_len}
-                                for b in runs["bucketed_cached"].batches]
+                                for b in runs["bucketed_cached"].passes]
         print(f"\n[{prompt}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, same {len(items)} tickets\n"
               + report.table(summaries), flush=True)
         if sweep:
@@ -180,20 +199,8 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
     return 0
 
 
-def _set_threads(settings, threads: int | None) -> None:
-    """Pin torch's intra-op threads when the model runs on the CPU (``0``: leave torch's default)."""
-    import torch
-
-    from worker.engine.device import pick_device
-
-    if threads is None:
-        threads = DEFAULT_CPU_THREADS if pick_device(settings.device).type == "cpu" else 0
-    if threads > 0:
-        torch.set_num_threads(threads)
-
-
 def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> list[dict]:
-    """Mode 5 at each (max_batch_items, max_batch_tokens), interleaved like the modes: where throughput saturates."""
+    """Mode 5 at each (pass_max_items, pass_max_tokens), interleaved like the modes: where throughput saturates."""
     from worker.bench import report
     from worker.bench.modes import MODES, execute, start
 
@@ -201,37 +208,26 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> lis
 
     spec = MODES["bucketed_cached"]
     lengths = [clf.cost_length(p, True) for p in items]
-    runs = [start(clf, items, spec, bucketing.plan_batches(lengths, i, t), None) for i, t in grid]
+    overhead = clf.options.pass_overhead_tokens
+    runs = [start(clf, items, spec, bucketing.plan_passes(lengths, i, t, overhead), None) for i, t in grid]
     with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings, interleaved") as bar:
         execute(clf, items, runs, not args.no_interleave, bar.update)
     rows = []
     for (max_items, max_tokens), run in zip(grid, runs):
         s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
-        rows.append({"max_batch_items": max_items, "max_batch_tokens": max_tokens, "batches": s["batches"], "wall_s": s["wall_s"],
+        rows.append({"pass_max_items": max_items, "pass_max_tokens": max_tokens, "passes": s["passes"],
+                     "wall_s": s["wall_s"],
                      "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
                      "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
     return rows
 
 
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
-    """One classifier per prompt variant, all sharing one loaded model (built like ``Classifier.from_settings``)."""
-    from worker.engine.classifier import Classifier
-    from worker.engine.configure import apply_scoring_settings
-    from worker.engine.device import pick_device, pick_dtype
-    from worker.engine.loader import load_model
+    """One classifier per prompt variant, all sharing one loaded model, each built as the worker builds its own."""
+    from worker.assemble import build_classifier, load
 
-    device = pick_device(settings.device)
-    loaded = load_model(settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
-    out = []
-    for name, task in tasks:
-        clf = Classifier(
-            loaded, task, max_input_tokens=settings.max_input_tokens, truncate=settings.truncate, prefix_cache=True,
-            max_batch_items=settings.max_batch_items, max_batch_tokens=settings.max_batch_tokens,
-            confidence_threshold=settings.confidence_threshold, fallback_label=settings.fallback_label,
-        )
-        apply_scoring_settings(clf, settings)
-        out.append((name, clf))
-    return out
+    loaded = load(settings)
+    return [(name, build_classifier(settings, loaded=loaded, task=task)) for name, task in tasks]
 
 
 def _bar(args, total: int, desc: str):

@@ -82,7 +82,7 @@ def work_flops(shape: ModelShape, prefix_len: int, suffix_lengths: Iterable[int]
 def computed_flops(shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None) -> float:
     """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``).
 
-    ``batches`` are ``bucketing.Batch`` objects whose lengths are cost lengths
+    ``batches`` are ``bucketing.Pass`` objects whose lengths are cost lengths
     (suffix only when cached, prefix + suffix when not).
     """
     total = 0.0

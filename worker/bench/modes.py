@@ -1,7 +1,7 @@
 """The batching strategies the benchmark compares, each driving the same engine on the same tickets.
 
 Every mode is a batch plan + (prefix cache on/off, pad-to width) handed to
-``Classifier.classify`` one batch at a time, so the engine's own code path runs
+``Classifier.classify`` one pass at a time, so the engine's own code path runs
 and each batch's wall time is seen (progress bar, per-ticket latency).
 
 Latency, as reported: ``batch_ms`` is the wall time of the forward pass that
@@ -44,7 +44,7 @@ class ModeRun:
     title: str
     cached: bool
     pad_to: int | None
-    batches: list[bucketing.Batch]
+    passes: list[bucketing.Pass]
     preds: list  # Prediction per ticket, input order
     batch_s: list[float] = field(default_factory=list)  # wall time per batch, plan order
     done_s: list[float] = field(default_factory=list)  # per ticket, input order
@@ -58,14 +58,15 @@ class ModeRun:
     prefix_tokens_recomputed: int = 0
 
 
-def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> tuple[list[bucketing.Batch], int | None]:
-    """The batches (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode."""
+def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> tuple[list[bucketing.Pass], int | None]:
+    """The passes (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode."""
     lengths = [clf.cost_length(p, spec.cached) for p in items]
     if spec.key == "sequential":
-        return [bucketing.Batch((i,), (n,)) for i, n in enumerate(lengths)], None
+        return [bucketing.Pass((i,), (n,)) for i, n in enumerate(lengths)], None
     if spec.key in ("global_pad", "arrival"):
         return bucketing.plan_arrival_order(lengths, fixed_batch), (max(lengths) if spec.global_pad else None)
-    return bucketing.plan_batches(lengths, clf.max_batch_items, clf.max_batch_tokens), None
+    o = clf.options
+    return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens), None
 
 
 def run_modes(
@@ -92,8 +93,8 @@ def execute(
     clf, items: Sequence, runs: Sequence[ModeRun], interleave: bool = True, on_batch: Callable[[int], None] = lambda n: None
 ) -> None:
     """Run the planned batches of every run (see ``run_modes`` for the interleaving rule)."""
-    todo = [list(r.batches) for r in runs]
-    total = [max(1, sum(b.size * max(b.max_len, r.pad_to or 0) for b in r.batches)) for r in runs]
+    todo = [list(r.passes) for r in runs]
+    total = [max(1, sum(b.size * max(b.max_len, r.pad_to or 0) for b in r.passes)) for r in runs]
     spent = [0] * len(runs)
     while any(todo):
         live = [j for j in range(len(runs)) if todo[j]]
@@ -108,9 +109,9 @@ def run_mode(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: C
     return run_modes(clf, items, [spec], fixed_batch, on_batch=on_batch)[spec.key]
 
 
-def start(clf, items: Sequence, spec: ModeSpec, batches: list[bucketing.Batch], pad_to: int | None) -> ModeRun:
-    """A run of ``spec`` over ``items`` with its batches planned, nothing executed yet."""
-    run = ModeRun(spec.key, spec.title, spec.cached, pad_to, batches, preds=[None] * len(items))
+def start(clf, items: Sequence, spec: ModeSpec, passes: list[bucketing.Pass], pad_to: int | None) -> ModeRun:
+    """A run of ``spec`` over ``items`` with its passes planned, nothing executed yet."""
+    run = ModeRun(spec.key, spec.title, spec.cached, pad_to, passes, preds=[None] * len(items))
     run.done_s = [0.0] * len(items)
     run.item_batch_s = [0.0] * len(items)
     run.work_lengths = [len(p.ids) for p in items]
@@ -119,12 +120,12 @@ def start(clf, items: Sequence, spec: ModeSpec, batches: list[bucketing.Batch], 
     return run
 
 
-def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Batch) -> None:
-    """One planned batch through ``Classifier.classify``, timed (wall and process CPU)."""
+def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Pass) -> None:
+    """One planned pass through ``Classifier.classify``, timed (wall and process CPU)."""
     chunk = [items[i] for i in b.indices]
-    local = bucketing.Batch(tuple(range(len(chunk))), b.lengths)
+    local = bucketing.Pass(tuple(range(len(chunk))), b.lengths)
     c0, t0 = time.process_time(), time.perf_counter()
-    preds, stats = clf.classify(chunk, batches=[local], prefix_cache=run.cached, pad_to=run.pad_to)
+    preds, stats = clf.classify(chunk, [local], prefix_cache=run.cached, pad_to=run.pad_to)
     t1, c1 = time.perf_counter(), time.process_time()
     run.batch_s.append(t1 - t0)
     run.wall_s += t1 - t0
@@ -154,31 +155,16 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
     load included) is reported too. ``refs``: name -> ModeRun to compare labels with.
     """
     import json
-    import os
     import subprocess
     import sys
     import uuid
 
     import redis
-    import torch
 
     ns = namespace or f"triage-bench:{uuid.uuid4().hex[:10]}:"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
-    env.update(
-        TRIAGE_MODEL=settings.model, TRIAGE_DEVICE=settings.device, TRIAGE_DTYPE=dtype_name,
-        TRIAGE_CACHE_DIR=str(settings.cache_dir), TRIAGE_REDIS_URL=settings.redis_url,
-        TRIAGE_MAX_BATCH_ITEMS=str(settings.max_batch_items), TRIAGE_MAX_BATCH_TOKENS=str(settings.max_batch_tokens),
-        TRIAGE_MAX_INPUT_TOKENS=str(settings.max_input_tokens), TRIAGE_INPUT_STREAM=ns + "tickets",
-        TRIAGE_RESULTS_STREAM=ns + "results", TRIAGE_DEAD_LETTER_STREAM=ns + "dead", TRIAGE_RESULT_KEY_PREFIX=ns + "result:",
-        TRIAGE_HEARTBEAT_KEY_PREFIX=ns + "heartbeat:", TRIAGE_GROUP="bench", TRIAGE_CONSUMER="bench-worker",
-        TRIAGE_LOG_FORMAT="json", TRIAGE_LOG_LEVEL="INFO",
-        OMP_NUM_THREADS=str(torch.get_num_threads()),  # the worker gets the bench's thread count
-    )
-    for key in ("task_file", "labels"):
-        if getattr(settings, key):
-            env[f"TRIAGE_{key.upper()}"] = str(getattr(settings, key))
+    env = redis_worker_env(settings, ns, dtype_name)
     client = redis.Redis.from_url(settings.redis_url)
-    out: dict = {"namespace": ns, "items": len(texts), "max_batch_items": settings.max_batch_items}
+    out: dict = {"namespace": ns, "items": len(texts), "window_max_items": settings.window_max_items}
     try:
         t0 = time.perf_counter()
         pipe = client.pipeline(transaction=False)
@@ -208,12 +194,12 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
             out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
             return out
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
-        batches = [e for e in events if e.get("event") == "batch"]
+        batches = [e for e in events if e.get("event") == "batch"]  # one line per window
         wall_s = max(done_ms) / 1000.0
         out.update(
             wall_s=wall_s,
             items_per_s=len(texts) / wall_s if wall_s > 0 else None,
-            worker_batches=len(batches),
+            worker_windows=len(batches),
             infer_s=sum(b.get("infer_ms") or 0 for b in batches) / 1000.0,
             tokenize_s=sum(b.get("tokenize_ms") or 0 for b in batches) / 1000.0,
             write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
@@ -234,6 +220,29 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
         keys = list(client.scan_iter(match=ns + "*", count=1000))
         if keys:
             client.delete(*keys)
+
+
+def redis_namespace(settings, ns: str, dtype_name: str):
+    """``settings`` with the bench's keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
+    return settings.model_copy(update={
+        "input_stream": ns + "tickets", "results_stream": ns + "results", "dead_letter_stream": ns + "dead",
+        "result_key_prefix": ns + "result:", "heartbeat_key_prefix": ns + "heartbeat:", "group": "bench",
+        "consumer": "bench-worker", "dtype": dtype_name, "log_format": "json", "log_level": "INFO",
+    })
+
+
+def redis_worker_env(settings, ns: str, dtype_name: str) -> dict[str, str]:
+    """The worker subprocess's environment: this process's, every ``TRIAGE_*`` replaced by the bench's settings."""
+    import os
+
+    import torch
+
+    from worker.assemble import settings_to_env
+
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRIAGE_")}
+    env.update(settings_to_env(redis_namespace(settings, ns, dtype_name)))
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # the worker gets the bench's thread count
+    return env
 
 
 def _s(v) -> str:

@@ -143,11 +143,11 @@ def _histogram(ax, run, doc) -> None:
 
 def _sweep(ax, run) -> None:
     rows = run["sweep"]
-    for tok in sorted({r["max_batch_tokens"] for r in rows}):
-        pts = sorted((r["max_batch_items"], r["items_per_s"]) for r in rows if r["max_batch_tokens"] == tok)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"max_batch_tokens {tok}")
+    for tok in sorted({r["pass_max_tokens"] for r in rows}):
+        pts = sorted((r["pass_max_items"], r["items_per_s"]) for r in rows if r["pass_max_tokens"] == tok)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"pass_max_tokens {tok}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("max_batch_items")
+    ax.set_xlabel("pass_max_items")
     ax.set_ylabel("tickets / s (mode 5)")
     ax.set_title(f"Sweep: where throughput saturates ({run['prompt']})")
     ax.legend(fontsize=8)

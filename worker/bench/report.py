@@ -7,21 +7,13 @@ shared machine mostly cancels.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Sequence
 
 from worker.bench.gemm import ModelShape, computed_flops, work_flops
+from worker.engine.types import padding_pct, percentile
 
-SCHEMA = "triage-bench/1"
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (a value that really occurred)."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+SCHEMA = "triage-bench/2"  # 2: batch -> pass / window key names (pass_max_items, passes, worker_windows)
 
 
 def agreement(preds: Sequence, base: Sequence | None) -> tuple[float | None, float | None]:
@@ -42,7 +34,7 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
     """
     n = len(run.preds)
     work_fl = work_flops(shape, prefix_len, run.work_lengths)
-    comp_fl = computed_flops(shape, run.batches, prefix_len, run.cached, run.pad_to)
+    comp_fl = computed_flops(shape, run.passes, prefix_len, run.cached, run.pad_to)
     agree, dprob = agreement(run.preds, None if base is None else base.preds)
     wall, cpu = run.wall_s, (run.cpu_s if cpu_clock else None)
     peak, peak_cpu = (gemm or {}).get("flops_per_s"), (gemm or {}).get("flops_per_cpu_s") if cpu_clock else None
@@ -55,14 +47,14 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
         "prefix_cache": run.cached,
         "pad_to": run.pad_to,
         "items": n,
-        "batches": len(run.batches),
+        "passes": len(run.passes),
         "wall_s": wall,
         "cpu_s": cpu,
         "items_per_s": _div(n, wall),
         "items_per_cpu_s": _div(n, cpu),
         "work_tokens_per_s": _div(run.work_tokens, wall),
         "tokens": t,
-        "padding_pct": 100.0 * t["padding"] / t["computed"] if t["computed"] else None,
+        "padding_pct": padding_pct(t["real"], t["computed"]) if t["computed"] else None,
         "padding_waste_x": _div(t["computed"], t["real"]),
         "computed_per_work_x": _div(t["computed"], t["work"]),
         "speedup_vs_sequential": _div(base.wall_s, wall) if base is not None else None,
@@ -70,10 +62,10 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
         "label_agreement": agree,
         "max_abs_dprob": dprob,
         "latency": {
-            "batch_ms_p50": _ms(percentile(run.item_batch_s, 50)),
-            "batch_ms_p99": _ms(percentile(run.item_batch_s, 99)),
-            "done_s_p50": percentile(run.done_s, 50),
-            "done_s_p99": percentile(run.done_s, 99),
+            "batch_ms_p50": _ms(percentile(run.item_batch_s, 50, nearest=True)),
+            "batch_ms_p99": _ms(percentile(run.item_batch_s, 99, nearest=True)),
+            "done_s_p50": percentile(run.done_s, 50, nearest=True),
+            "done_s_p99": percentile(run.done_s, 99, nearest=True),
         },
         "flops": {
             "work": work_fl,
@@ -110,7 +102,7 @@ _SPEED = [
 ]
 _WORK = [
     ("mode", 31, lambda m: m["title"]),
-    ("batches", 7, lambda m: str(m["batches"])),
+    ("passes", 7, lambda m: str(m["passes"])),
     ("computed", 8, lambda m: str(m["tokens"]["computed"])),
     ("real", 6, lambda m: str(m["tokens"]["real"])),
     ("ticket", 6, lambda m: str(m["tokens"]["work"])),
@@ -144,10 +136,10 @@ def table(modes: Sequence[dict]) -> str:
 
 
 def sweep_table(rows: Sequence[dict]) -> str:
-    lines = ["max_batch_items  max_batch_tokens  batches  items/s  items/CPU-s  pad %  MFU %", "-" * 76]
+    lines = ["pass_max_items  pass_max_tokens   passes  items/s  items/CPU-s  pad %  MFU %", "-" * 76]
     for r in rows:
         lines.append(
-            f"{r['max_batch_items']:>15}  {r['max_batch_tokens']:>16}  {r['batches']:>7}  {_f(r['items_per_s'], 2):>7}"
+            f"{r['pass_max_items']:>14}  {r['pass_max_tokens']:>15}  {r['passes']:>7}  {_f(r['items_per_s'], 2):>7}"
             f"  {_f(r['items_per_cpu_s'], 2):>11}  {_f(r['padding_pct'], 1):>5}  {_f(_pct(r['mfu']), 1):>5}"
         )
     return "\n".join(lines)
@@ -164,8 +156,10 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"workload : {workload['source']} | {workload['n']} tickets | text tokens p50 {workload['text_tokens'].get('p50')} "
         f"p90 {workload['text_tokens'].get('p90')} p99 {workload['text_tokens'].get('p99')} max {workload['text_tokens'].get('max')} "
         f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
-        f"batching : max_batch_items {settings['max_batch_items']}, max_batch_tokens {settings['max_batch_tokens']} "
-        f"(modes 4-5); fixed batch {settings['fixed_batch_items']} items (modes 2-3)",
+        f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
+        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of "
+        f"{settings['window_max_items']}); "
+        f"fixed batch {settings['fixed_batch_items']} items (modes 2-3); scorer {settings['scorer']}",
     ]
     if gemm:
         per_cpu = f", {gemm['flops_per_cpu_s'] / 1e9:,.1f} GFLOP per CPU-second" if hw["device"] == "cpu" else ""
@@ -202,7 +196,7 @@ def redis_line(red: dict) -> str:
         f"6 through Redis + worker: {red['items']} tickets, {_f(red['items_per_s'], 2)} items/s "
         f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) over {red['wall_s']:.1f}s from worker_ready to the "
         f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
-        f"{red['worker_batches']} worker batches: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
+        f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "
         f"process {red['process_s']:.1f}s incl. model load\n  {agree or 'no reference run (needs the few-shot prompt)'}"
     )

@@ -6,12 +6,12 @@ agreement compare like with like.
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from worker.engine.types import percentile
+from worker.ticket_files import read_tickets
 
 PROMPTS = ("few-shot", "zero-shot")
 
@@ -54,23 +54,8 @@ def from_file(path: str | Path, n: int | None, seed: int = 0) -> Workload:
 
 
 def _read_rows(path: Path) -> list[dict]:
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None or "text" not in reader.fieldnames:
-                raise ValueError(f"{path}: CSV needs a 'text' column (got {reader.fieldnames})")
-            rows = list(reader)
-    else:
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                if not isinstance(rec, dict) or "text" not in rec:
-                    raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field")
-                rows.append(rec)
-    return [r for r in rows if isinstance(r.get("text"), str) and r["text"].strip()]
+    """The file's rows with a non-empty text (the worker would dead-letter the others: nothing to time)."""
+    return [r for r in read_tickets(path) if isinstance(r.get("text"), str) and r["text"].strip()]
 
 
 def prompt_tasks(base_task, prompt: str) -> list[tuple[str, object]]:
@@ -82,12 +67,12 @@ def prompt_tasks(base_task, prompt: str) -> list[tuple[str, object]]:
 
 
 def length_summary(lengths: list[int]) -> dict[str, float]:
-    """p50/p90/p99/max/mean/sum of a length list (nearest-rank percentiles, no numpy needed)."""
+    """p50/p90/p99/max/mean/sum of a length list (nearest-rank percentiles: lengths that occurred)."""
     if not lengths:
         return {"n": 0}
     s = sorted(lengths)
 
     def pct(q: float) -> int:
-        return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+        return percentile(s, q, nearest=True)
 
     return {"n": len(s), "p50": pct(50), "p90": pct(90), "p99": pct(99), "max": s[-1], "mean": round(sum(s) / len(s), 1), "sum": sum(s)}

@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from worker.commands.model_flags import add_model_arguments, settings_from_args
+
 NAME = "eval"
 HELP = "measure accuracy / macro-F1 / calibration of prompt variants and a fitted head on labelled tickets"
 
@@ -47,25 +49,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
     p.add_argument("--markdown", type=Path, default=None, help="write the results table as Markdown here")
     p.add_argument("--plot", type=Path, default=None, help="write confusion matrices (PNG) here")
-    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
-    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
-    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    add_model_arguments(p)
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from worker.engine.device import pick_device, pick_dtype
-    from worker.engine.loader import load_model
-    from worker.logs import configure_logging
+    from worker.assemble import load
     from worker.quality import data, evaluation
     from worker.quality.fewshot import pick_examples
-    from worker.settings import Settings
 
-    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
-    settings = Settings(**overrides)
-    configure_logging(settings.log_format, settings.log_level)
+    settings = settings_from_args(args)
     t_start = time.perf_counter()
     try:
         test_src = data.resolve(args.input, args.label_map, args.split)
@@ -78,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     except (data.DataError, ValueError, OSError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
-    device = pick_device(settings.device)
-    dtype = pick_dtype(device, settings.dtype)
-    loaded = load_model(settings.model, device, dtype, settings.cache_dir)
+    loaded = load(settings)
     cfg = evaluation.EvalConfig(
         variants=args.variants, k=args.k, seed=args.seed, calibrations=args.calibration, head_methods=args.head_methods,
         poolings=args.pooling, max_prompt_labels=args.max_prompt_labels, progress=not args.no_progress,
@@ -90,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log)
     report = {
-        "model": settings.model, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+        "model": settings.model, "device": str(loaded.model.device),
+        "dtype": str(loaded.model.dtype).replace("torch.", ""),
         "input": test_src.description, "train": train_src.description if train_src else None,
         "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),
     } | report
@@ -116,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _base_task(settings, test, train, src):
     """The configured task when it covers the data's labels, else a task over the data's labels."""
-    from worker.engine.task import DEFAULT_LABELS, Task, task_from_settings
+    from worker.assemble import task_from_settings
+    from worker.engine.task import DEFAULT_LABELS, Task
     from worker.quality import data
 
     task = task_from_settings(settings)

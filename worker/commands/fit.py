@@ -15,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from worker.commands.model_flags import add_model_arguments, settings_from_args
+
 NAME = "fit"
 HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into a task file"
 
@@ -30,25 +32,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples-out", type=Path, default=None, help="write the configured task + k examples per label here (YAML/JSON)")
     p.add_argument("--k", type=int, default=2, help="few-shot examples per label for --examples-out")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
-    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
-    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    add_model_arguments(p)
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.engine.task import task_from_settings
-    from worker.logs import configure_logging
+    from worker.assemble import task_from_settings
     from worker.quality import data
     from worker.quality.fewshot import pick_examples, write_task_file
-    from worker.settings import Settings
 
     if args.out is None and args.examples_out is None:
         print("fit: nothing to do: give --out (a head) and/or --examples-out (a task file)", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
-    settings = Settings(**overrides)
-    configure_logging(settings.log_format, settings.log_level)
+    settings = settings_from_args(args)
     try:
         rows = data.resolve(args.input, args.label_map, args.split).rows
         task = _task_for(task_from_settings(settings), rows, settings, args.examples_out is not None)
@@ -85,21 +81,18 @@ def _task_for(task, rows, settings, writing_task: bool):
 def _fit(args, settings, task, rows) -> None:
     import time
 
-    from worker.engine.device import pick_device, pick_dtype
-    from worker.engine.loader import load_model
+    from worker.assemble import build_classifier, prompt_scoring
     from worker.quality import data
-    from worker.quality.evaluation import make_classifier
-    from worker.quality.features import run_pass
+    from worker.quality.features import run_features
     from worker.quality.fewshot import pick_examples
     from worker.quality.head import fit_head, prompt_hash
 
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
-    device = pick_device(settings.device)
-    dtype = pick_dtype(device, settings.dtype)
-    clf = make_classifier(load_model(settings.model, device, dtype, settings.cache_dir), task, settings)
+    clf = build_classifier(prompt_scoring(settings), task=task)  # hidden states of the prompt the worker will run
     t0 = time.perf_counter()
-    feats = run_pass(clf, clf.prepare_valid([r.text for r in rows]), score=False, desc="fit pass", progress=not args.no_progress)
+    items = clf.prepare_valid([r.text for r in rows])
+    feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
     meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input)}
     head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,

@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from worker.commands.model_flags import add_model_arguments, settings_from_args
+
 NAME = "verify"
 HELP = "check batched results against an unpadded one-at-a-time reference run"
 
@@ -20,26 +22,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, type=Path, help="JSON Lines with a 'text' field (optional 'id'), or CSV with a 'text' column")
     p.add_argument("--limit", type=int, default=None, help="only the first N tickets")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
-    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
-    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
-    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
+    add_model_arguments(p)
     p.add_argument("--flip-margin", type=float, default=0.05, help="in fp16/bf16, label flips are accepted below this reference top-2 margin")
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from worker.engine.classifier import Classifier, InvalidTicket
+    from worker.assemble import build_classifier
+    from worker.engine.types import InvalidTicket
     from worker.engine.verify import verify
-    from worker.logs import configure_logging
-    from worker.settings import Settings
     from worker.ticket_files import read_tickets
 
-    overrides = {k: v for k, v in (("dtype", args.dtype), ("device", args.device), ("model", args.model)) if v is not None}
-    settings = Settings(**overrides)
-    configure_logging(settings.log_format, settings.log_level)
+    settings = settings_from_args(args)
     rows = read_tickets(args.input, args.limit)
-    clf = Classifier.from_settings(settings)
+    clf = build_classifier(settings)
     prepared = clf.prepare([str(r["text"]) for r in rows])
     keep = [i for i, p in enumerate(prepared) if not isinstance(p, InvalidTicket)]
     skipped = len(rows) - len(keep)
@@ -51,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     ok = report.passed(args.flip_margin)
     out = sys.stdout
     print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  prefix cache {'on' if report.prefix_cache else 'off'}", file=out)
-    print(f"tickets {report.n} (skipped invalid: {skipped})  batches {report.batches}  padding {report.padding_pct:.1f}%", file=out)
+    print(f"tickets {report.n} (skipped invalid: {skipped})  passes {report.passes}  padding {report.padding_pct:.1f}%",
+          file=out)
     print(f"label agreement {report.agreement_pct:.2f}%   max |dprob| {report.max_abs_delta_prob:.2e}", file=out)
     print(
         f"items/s batched {report.batched_items_per_s:.1f}  reference {report.reference_items_per_s:.1f}  ({report.speedup:.1f}x)",

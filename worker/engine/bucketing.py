@@ -1,7 +1,7 @@
-"""Length-bucketed batch planning. Pure Python: no torch, no Redis.
+"""Length-bucketed pass planning. Pure Python: no torch, no Redis.
 
-Sorting items by token length and padding each batch only to its own longest
-item keeps padding waste small; the budget counts *padded* tokens
+A *pass* is one forward call. Sorting items by token length and padding each pass
+only to its own longest item keeps padding waste small; the budget counts *padded* tokens
 (``items x longest``, as text-embeddings-inference does) because that is what
 the forward pass actually computes.
 """
@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from worker.engine.types import padding_pct
+
 
 @dataclass(frozen=True)
-class Batch:
-    """Indices (into the caller's list) of items run together in one forward pass."""
+class Pass:
+    """Indices (into the caller's list) of items run together in one forward call, and their cost lengths."""
 
     indices: tuple[int, ...]
     lengths: tuple[int, ...]
@@ -47,7 +49,7 @@ class PaddingStats:
 
     @property
     def padding_pct(self) -> float:
-        return 100.0 * self.padding_tokens / self.padded_tokens if self.padded_tokens else 0.0
+        return padding_pct(self.real_tokens, self.padded_tokens)
 
     @property
     def waste_factor(self) -> float:
@@ -55,24 +57,24 @@ class PaddingStats:
         return self.padded_tokens / self.real_tokens if self.real_tokens else 1.0
 
 
-def plan_batches(
+def plan_passes(
     lengths: Sequence[int],
-    max_batch_items: int,
-    max_batch_tokens: int,
-    batch_overhead_tokens: int = 32,
-) -> list[Batch]:
-    """Sort by length, then cut the sorted run into batches at minimum total cost.
+    max_items: int,
+    max_tokens: int,
+    overhead_tokens: int = 32,
+) -> list[Pass]:
+    """Sort by length, then cut the sorted run into passes at minimum total cost.
 
-    Cost of a batch = its padded tokens (``n x longest``) + ``batch_overhead_tokens``
+    Cost of a pass = its padded tokens (``n x longest``) + ``overhead_tokens``
     (the fixed price of one forward call: weight reads, kernel launches, in
-    token-equivalents). Each batch respects ``n <= max_batch_items`` and
-    ``n x longest <= max_batch_tokens``; an item longer than the whole budget goes
+    token-equivalents). Each pass respects ``n <= max_items`` and
+    ``n x longest <= max_tokens``; an item longer than the whole budget goes
     alone. A small dynamic programme over the sorted lengths finds the optimal
     contiguous cut (a greedy fill would, e.g., pad a few short tickets up to one
     long outlier). Ties keep arrival order, so the plan is deterministic.
     """
-    if max_batch_items < 1 or max_batch_tokens < 1:
-        raise ValueError("max_batch_items and max_batch_tokens must be >= 1")
+    if max_items < 1 or max_tokens < 1:
+        raise ValueError("max_items and max_tokens must be >= 1")
     if any(n < 1 for n in lengths):
         raise ValueError("every item needs at least one token")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -80,13 +82,13 @@ def plan_batches(
     n = len(srt)
     inf = float("inf")
     best = [0.0] + [inf] * n  # best[j]: cost of the first j sorted items
-    cut = [0] * (n + 1)  # cut[j]: start of the last batch in that optimum
+    cut = [0] * (n + 1)  # cut[j]: start of the last pass in that optimum
     for j in range(1, n + 1):
         longest = srt[j - 1]
-        for size in range(1, min(max_batch_items, j) + 1):
-            if size > 1 and size * longest > max_batch_tokens:
+        for size in range(1, min(max_items, j) + 1):
+            if size > 1 and size * longest > max_tokens:
                 break
-            cost = best[j - size] + size * longest + batch_overhead_tokens
+            cost = best[j - size] + size * longest + overhead_tokens
             if cost < best[j]:
                 best[j], cut[j] = cost, j - size
     spans = []
@@ -97,20 +99,20 @@ def plan_batches(
     return [_make(order[a:b], lengths) for a, b in reversed(spans)]
 
 
-def plan_arrival_order(lengths: Sequence[int], batch_items: int) -> list[Batch]:
-    """Fixed-size batches in arrival order (naive batching; the benchmark's baseline)."""
+def plan_arrival_order(lengths: Sequence[int], items_per_pass: int) -> list[Pass]:
+    """Fixed-size passes in arrival order (naive batching; the benchmark's baseline)."""
     return [
-        _make(list(range(s, min(s + batch_items, len(lengths)))), lengths)
-        for s in range(0, len(lengths), batch_items)
+        _make(list(range(s, min(s + items_per_pass, len(lengths)))), lengths)
+        for s in range(0, len(lengths), items_per_pass)
     ]
 
 
-def padding_stats(batches: Sequence[Batch], pad_to: int | None = None) -> PaddingStats:
-    """Real vs computed tokens; ``pad_to`` pads every batch to one global length instead."""
-    real = sum(b.real_tokens for b in batches)
-    padded = sum(b.size * (pad_to if pad_to is not None else b.max_len) for b in batches)
+def padding_stats(passes: Sequence[Pass], pad_to: int | None = None) -> PaddingStats:
+    """Real vs computed tokens; ``pad_to`` pads every pass to one global length instead."""
+    real = sum(b.real_tokens for b in passes)
+    padded = sum(b.size * (pad_to if pad_to is not None else b.max_len) for b in passes)
     return PaddingStats(real_tokens=real, padded_tokens=padded)
 
 
-def _make(indices: list[int], lengths: Sequence[int]) -> Batch:
-    return Batch(indices=tuple(indices), lengths=tuple(lengths[i] for i in indices))
+def _make(indices: list[int], lengths: Sequence[int]) -> Pass:
+    return Pass(indices=tuple(indices), lengths=tuple(lengths[i] for i in indices))

@@ -1,134 +1,91 @@
-"""The engine: tokenize -> plan length buckets -> one forward per bucket -> label probabilities.
+"""The engine: tokenize -> plan length buckets -> one forward call per pass -> label probabilities.
 
-Split like infinity's models: ``prepare`` (tokenize, CPU), ``run_batch``
+Split like infinity's models: ``prepare`` (tokenize, CPU), ``run_pass``
 (forward, device), ``postprocess`` (softmax, threshold). The worker overlaps
 ``prepare`` of the next window with ``classify`` of the current one.
+
+Everything a classifier does is fixed when it is built (``EngineOptions``,
+scorer, score bias); ``with_scoring`` gives a new one on the same loaded model.
+Assembly from the process settings lives in ``worker.assemble``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from worker.engine import bucketing
-from worker.engine.device import dtype_name, pick_device, pick_dtype
+from worker.engine.device import dtype_name
 from worker.engine.forward import PrefixKV, compute_prefix, run_forward
 from worker.engine.labels import LabelTokens
-from worker.engine.loader import LoadedModel, load_model
+from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate, build_template
 from worker.engine.scoring import PromptScorer, Scorer
-from worker.engine.task import Task, task_from_settings
+from worker.engine.task import Task
 
+# Re-exported: the types used to live here and callers outside the engine may import them from here.
+from worker.engine.types import EngineOptions, InvalidTicket, PassStats, Prediction, Prepared, RunStats
 
-class InvalidTicket(ValueError):
-    """A ticket the engine cannot classify; the message is a sentence for a person."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    ids: tuple[int, ...]  # suffix: ticket text tokens + answer cue
-    n_text_tokens: int
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    scores: dict[str, float]  # label -> probability
-    truncated: bool
-    n_tokens: int
-
-    @property
-    def score(self) -> float:
-        return max(self.scores.values())
-
-
-@dataclass
-class RunStats:
-    items: int = 0
-    batches: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    prefix_tokens_reused: int = 0
-    infer_ms: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)
-
-    @property
-    def padding_pct(self) -> float:
-        return bucketing.PaddingStats(self.real_tokens, self.padded_tokens).padding_pct
-
-    def merge(self, other: "RunStats") -> None:
-        """Add another run's batch counters (not ``items``) into this one."""
-        self.batches += other.batches
-        self.real_tokens += other.real_tokens
-        self.padded_tokens += other.padded_tokens
-        self.prefix_tokens_reused += other.prefix_tokens_reused
-        self.infer_ms += other.infer_ms
-        self.batch_sizes.extend(other.batch_sizes)
+__all__ = ["Classifier", "EngineOptions", "InvalidTicket", "PassStats", "Prediction", "Prepared", "RunStats", "softmax"]
 
 
 class Classifier:
+    """One task on one loaded model: ``prepare`` -> ``classify_passes`` / ``classify``.
+
+    ``options`` (or keyword overrides of its fields, e.g. ``pass_max_items=8``) set the
+    caps and limits; ``scorer`` defaults to label-token prompt scoring; ``score_bias``
+    (per label, subtracted from the log-scores: calibration) defaults to none.
+    """
+
     def __init__(
         self,
         loaded: LoadedModel,
         task: Task,
+        options: EngineOptions | None = None,
         *,
-        max_input_tokens: int = 512,
-        truncate: bool = True,
-        prefix_cache: bool = True,
-        max_batch_items: int = 64,
-        max_batch_tokens: int = 8192,
-        batch_overhead_tokens: int = 32,
         scorer: Scorer | None = None,
-        confidence_threshold: float = 0.0,
-        fallback_label: str = "needs_review",
+        score_bias: Sequence[float] | np.ndarray | None = None,
+        **option_changes,
     ):
+        self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
         self.task = task
-        self.max_input_tokens = max_input_tokens
-        self.truncate = truncate
-        self.use_prefix_cache = prefix_cache
-        self.max_batch_items = max_batch_items
-        self.max_batch_tokens = max_batch_tokens
-        self.batch_overhead_tokens = batch_overhead_tokens
-        self.confidence_threshold = confidence_threshold
-        self.fallback_label = fallback_label
+        self.options = dataclasses.replace(options or EngineOptions(), **option_changes)
         self.template: PromptTemplate = build_template(self.tokenizer, task)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.scorer: Scorer = scorer or PromptScorer(self.model, LabelTokens.build(self.tokenizer, task.labels, self.template.label_lead))
-        self.score_bias = np.zeros(len(task.labels), dtype=np.float64)  # calibration: subtracted from log-scores
-        self._prefix: PrefixKV | None = compute_prefix(self.model, self.template.prefix_ids) if prefix_cache else None
+        self._set_scoring(scorer, score_bias)
+        self._prefix: PrefixKV | None = None
+        if self.options.prefix_cache:
+            self._prefix = compute_prefix(self.model, self.template.prefix_ids)
 
-    # ------------------------------------------------------------------ build
-    @classmethod
-    def from_settings(cls, settings, task: Task | None = None) -> "Classifier":
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
-        device = pick_device(settings.device)
-        dtype = pick_dtype(device, settings.dtype)
-        loaded = load_model(settings.model, device, dtype, settings.cache_dir)
-        clf = cls(
-            loaded,
-            task or task_from_settings(settings),
-            max_input_tokens=settings.max_input_tokens,
-            truncate=settings.truncate,
-            prefix_cache=settings.prefix_cache,
-            max_batch_items=settings.max_batch_items,
-            max_batch_tokens=settings.max_batch_tokens,
-            batch_overhead_tokens=settings.batch_overhead_tokens,
-            confidence_threshold=settings.confidence_threshold,
-            fallback_label=settings.fallback_label,
-        )
-        from worker.engine.configure import apply_scoring_settings  # head / calibration (optional features)
+    def with_scoring(
+        self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None
+    ) -> "Classifier":
+        """A new classifier on the same model, task, options and prompt-prefix cache with another scorer / bias.
 
-        apply_scoring_settings(clf, settings)
-        return clf
+        ``None`` means what the constructor means: prompt scoring, no bias. This object is left as it is.
+        """
+        new = copy.copy(self)
+        new._set_scoring(scorer, score_bias)
+        return new
+
+    def _set_scoring(self, scorer: Scorer | None, score_bias) -> None:
+        if scorer is not None and tuple(scorer.names) != self.labels:
+            raise ValueError(f"scorer labels {list(scorer.names)} != task labels {list(self.labels)}")
+        if scorer is None:
+            scorer = PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
+        self.scorer: Scorer = scorer
+        bias = np.zeros(len(self.labels)) if score_bias is None else np.asarray(score_bias, dtype=np.float64)
+        if bias.shape != (len(self.labels),):
+            raise ValueError(f"score_bias needs one value per label ({len(self.labels)}), got shape {bias.shape}")
+        self.score_bias = bias  # calibration: subtracted from log-scores
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -158,16 +115,15 @@ class Classifier:
             return out
         enc = self.tokenizer([texts[i] for i in todo], add_special_tokens=False)["input_ids"]
         tail = self.template.tail_ids
+        limit = self.options.max_input_tokens
         for i, ids in zip(todo, enc):
             n = len(ids)
-            if n > self.max_input_tokens:
-                if not self.truncate:
-                    out[i] = InvalidTicket(
-                        f"ticket is {n} tokens, over the {self.max_input_tokens}-token limit (truncation is off)"
-                    )
+            if n > limit:
+                if not self.options.truncate:
+                    out[i] = InvalidTicket(f"ticket is {n} tokens, over the {limit}-token limit (truncation is off)")
                     continue
-                ids = ids[: self.max_input_tokens]
-            out[i] = Prepared(ids=tuple(ids) + tail, n_text_tokens=min(n, self.max_input_tokens), truncated=n > self.max_input_tokens)
+                ids = ids[:limit]
+            out[i] = Prepared(ids=tuple(ids) + tail, n_text_tokens=min(n, limit), truncated=n > limit)
         return out
 
     def prepare_valid(self, texts: Sequence[str]) -> list[Prepared]:
@@ -179,24 +135,25 @@ class Classifier:
         return items  # type: ignore[return-value]
 
     # ------------------------------------------------------------------- plan
-    def cost_length(self, p: Prepared, prefix_cache: bool | None = None) -> int:
-        """Tokens the forward pass computes for this ticket (the prefix too when it is not cached)."""
-        cached = self.use_prefix_cache if prefix_cache is None else prefix_cache
-        return len(p.ids) + (0 if cached else self.prefix_length)
+    def _cached(self, prefix_cache: bool | None) -> bool:
+        return self.options.prefix_cache if prefix_cache is None else prefix_cache
 
-    def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None) -> list[bucketing.Batch]:
-        """Length buckets for ``items`` under this classifier's batch caps."""
-        return bucketing.plan_batches(
-            [self.cost_length(p, prefix_cache) for p in items],
-            self.max_batch_items,
-            self.max_batch_tokens,
-            self.batch_overhead_tokens,
-        )
+    def cost_length(self, p: Prepared, prefix_cache: bool | None = None) -> int:
+        """Tokens the forward call computes for this ticket (the prefix too when it is not cached)."""
+        return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length)
+
+    def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None) -> list[bucketing.Pass]:
+        """Length buckets for ``items`` under this classifier's per-pass caps."""
+        o = self.options
+        lengths = [self.cost_length(p, prefix_cache) for p in items]
+        return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens)
 
     # ---------------------------------------------------------------- forward
-    def run_batch(self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None) -> np.ndarray:
-        """One forward pass for ``items`` (padded to their own longest, or ``pad_to``); returns [B, J] log-scores."""
-        cached = self.use_prefix_cache if prefix_cache is None else prefix_cache
+    def run_pass(
+        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None
+    ) -> np.ndarray:
+        """One forward call for ``items`` (padded to their own longest, or ``pad_to``); returns [B, J] log-scores."""
+        cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
         if cached:
@@ -218,49 +175,71 @@ class Classifier:
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
         probs = softmax(log_scores - self.score_bias)
+        threshold, fallback = self.options.confidence_threshold, self.options.fallback_label
         preds = []
         for row, p in zip(probs, items):
             k = int(row.argmax())
             label = self.labels[k]
-            if row[k] < self.confidence_threshold:
-                label = self.fallback_label
+            if row[k] < threshold:
+                label = fallback
             preds.append(
                 Prediction(label=label, scores={n: float(x) for n, x in zip(self.labels, row)}, truncated=p.truncated, n_tokens=p.n_text_tokens)
             )
         return preds
 
     # ---------------------------------------------------------------- run all
+    def classify_passes(
+        self,
+        items: Sequence[Prepared],
+        passes: Sequence[bucketing.Pass] | None = None,
+        *,
+        prefix_cache: bool | None = None,
+        pad_to: int | None = None,
+    ) -> Iterator[tuple[tuple[int, ...], list[Prediction], PassStats]]:
+        """Classify in length buckets (or the given ``passes``), yielding after every forward call.
+
+        Yields ``(indices into items, their predictions, what the pass cost)``; a caller
+        can write those results before the next pass runs. ``pad_to`` (a length in cost
+        tokens, see ``cost_length``) pads every pass to one width (benchmark baselines).
+        """
+        cached = self._cached(prefix_cache)
+        if passes is None:
+            passes = self.plan(items, cached)
+        for b in passes:
+            chunk = [items[i] for i in b.indices]
+            t0 = time.perf_counter()
+            log_scores = self.run_pass(chunk, prefix_cache=cached, pad_to=pad_to)
+            infer_ms = (time.perf_counter() - t0) * 1000
+            stats = PassStats(
+                items=b.size,
+                real_tokens=b.real_tokens,
+                padded_tokens=b.size * max(b.max_len, pad_to or 0),
+                prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
+                infer_ms=infer_ms,
+            )
+            yield b.indices, self.postprocess(log_scores, chunk), stats
+
     def classify(
         self,
         items: Sequence[Prepared],
-        batches: Sequence[bucketing.Batch] | None = None,
+        passes: Sequence[bucketing.Pass] | None = None,
+        *,
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
     ) -> tuple[list[Prediction], RunStats]:
-        """Classify in length buckets (or the given batches); predictions come back in input order.
-
-        ``pad_to`` (a length in cost tokens, see ``cost_length``) pads every batch to one width.
-        """
-        cached = self.use_prefix_cache if prefix_cache is None else prefix_cache
-        if batches is None:
-            batches = self.plan(items, cached)
-        scores = np.zeros((len(items), len(self.labels)))
-        stats = RunStats(items=len(items))
-        t0 = time.perf_counter()
-        for b in batches:
-            chunk = [items[i] for i in b.indices]
-            scores[list(b.indices)] = self.run_batch(chunk, prefix_cache=cached, pad_to=pad_to)
-            stats.batches += 1
-            stats.batch_sizes.append(b.size)
-            stats.real_tokens += b.real_tokens
-            stats.padded_tokens += b.size * max(b.max_len, pad_to or 0)
-            stats.prefix_tokens_reused += self.prefix_length * b.size if cached else 0
-        stats.infer_ms = (time.perf_counter() - t0) * 1000
-        return self.postprocess(scores, items), stats
+        """All of ``classify_passes``: predictions in input order, and the passes' stats added up."""
+        preds: list[Prediction | None] = [None] * len(items)
+        stats = RunStats()
+        for indices, chunk, pass_stats in self.classify_passes(items, passes, prefix_cache=prefix_cache, pad_to=pad_to):
+            for i, p in zip(indices, chunk):
+                preds[i] = p
+            stats.add(pass_stats)
+        stats.items = len(items)
+        return preds, stats  # type: ignore[return-value]
 
     def reference(self, items: Sequence[Prepared]) -> list[Prediction]:
         """Each ticket alone: no padding, no prefix cache. The answer the fast path must match."""
-        return [self.postprocess(self.run_batch([p], prefix_cache=False), [p])[0] for p in items]
+        return [self.postprocess(self.run_pass([p], prefix_cache=False), [p])[0] for p in items]
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from worker.settings import BUNDLED_MODEL
+from worker.engine.constants import BUNDLED_MODEL
 
 log = logging.getLogger("triage.loader")
 

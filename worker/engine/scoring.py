@@ -19,6 +19,7 @@ from worker.engine.labels import LabelTokens
 
 
 class Scorer(Protocol):
+    kind: str  # "prompt", "head", ...: what the scores come from (logs, checks)
     names: tuple[str, ...]
     needs_cache: bool
     needs_mean: bool
@@ -28,6 +29,7 @@ class Scorer(Protocol):
 
 
 class PromptScorer:
+    kind = "prompt"
     needs_mean = False
 
     def __init__(self, model: PreTrainedModel, labels: LabelTokens):

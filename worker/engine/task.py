@@ -1,7 +1,7 @@
 """The classification task: labels (with one-line descriptions), instructions, few-shot examples.
 
-Comes from the built-in support-ticket default, ``TRIAGE_LABELS`` (comma list) or a
-task file (YAML or JSON).
+Comes from the built-in support-ticket default, a label list or a task file (YAML or
+JSON); ``worker.assemble.task_from_settings`` picks one from ``TRIAGE_*``.
 """
 
 from __future__ import annotations
@@ -114,11 +114,3 @@ def _parse_labels(spec: object, path: Path) -> tuple[list[str], dict[str, str]]:
         return names, desc
     raise TaskError(f"{path}: 'labels' must be a list or a mapping")
 
-
-def task_from_settings(settings) -> Task:
-    if settings.task_file is not None:
-        return load_task_file(settings.task_file)
-    labels = settings.label_list()
-    if labels is not None:
-        return task_from_labels(labels)
-    return default_task()

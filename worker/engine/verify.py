@@ -10,7 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from worker.engine.classifier import Classifier, Prepared, Prediction
+from worker.engine.classifier import Classifier
+from worker.engine.types import Prediction, Prepared
 
 
 @dataclass
@@ -32,7 +33,7 @@ class VerifyReport:
     agreement_pct: float
     max_abs_delta_prob: float
     padding_pct: float
-    batches: int
+    passes: int
     batched_items_per_s: float
     reference_items_per_s: float
     speedup: float
@@ -86,11 +87,11 @@ def verify(
         n=n,
         dtype=clf.dtype_name,
         device=str(clf.device),
-        prefix_cache=clf.use_prefix_cache,
+        prefix_cache=clf.options.prefix_cache,
         agreement_pct=100.0 * agree / n if n else 100.0,
         max_abs_delta_prob=max_delta,
         padding_pct=stats.padding_pct,
-        batches=stats.batches,
+        passes=stats.passes,
         batched_items_per_s=b_rate,
         reference_items_per_s=r_rate,
         speedup=b_rate / r_rate if r_rate else float("inf"),

@@ -1,4 +1,4 @@
-"""Contextual / prior correction of label scores (sets ``clf.score_bias``).
+"""Contextual / prior correction of label scores (a ``score_bias`` for the classifier's constructor).
 
 Small prompted models prefer some label names whatever the ticket says. Contextual
 calibration (Zhao et al., 2021, "Calibrate Before Use") measures that preference on
@@ -14,7 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from worker.engine.classifier import Classifier, Prepared, softmax
+from worker.engine.classifier import Classifier, softmax
+from worker.engine.types import Prepared
 
 CONTENT_FREE = ("N/A", "", "[ticket]")
 
@@ -40,10 +41,5 @@ def bias_from_scores(log_scores: np.ndarray, prior: np.ndarray | None = None) ->
 
 
 def contextual_bias(clf: Classifier, texts: Sequence[str] = CONTENT_FREE) -> np.ndarray:
-    """One small batched pass over the content-free tickets (scored without any current bias)."""
-    return bias_from_scores(clf.run_batch(content_free_items(clf, texts)))
-
-
-def calibrate_contextual(clf: Classifier, texts: Sequence[str] = CONTENT_FREE) -> np.ndarray:
-    clf.score_bias = contextual_bias(clf, texts)
-    return clf.score_bias
+    """One small pass over the content-free tickets (raw scores: any bias of ``clf`` is not applied)."""
+    return bias_from_scores(clf.run_pass(content_free_items(clf, texts)))

@@ -17,13 +17,14 @@ from typing import Sequence
 
 import numpy as np
 
+from worker.assemble import AUTO_METHOD, AUTO_POOLING, build_classifier, prompt_scoring
 from worker.engine.classifier import Classifier, softmax
 from worker.engine.loader import LoadedModel
 from worker.engine.task import Task
 from worker.quality import calibration as cal
 from worker.quality import metrics
 from worker.quality.data import Labelled
-from worker.quality.features import Pass, run_pass
+from worker.quality.features import Features, run_features
 from worker.quality.fewshot import pick_examples
 from worker.quality.head import fit_head, prompt_hash
 
@@ -42,7 +43,7 @@ class EvalConfig:
     max_prompt_labels: int = 30
     head_shots: Sequence[int] = ()  # learning curve: examples per label to fit the head on
     curve_repeats: int = 3
-    cache_dir: Path | None = None  # forward-pass results cache (see features.run_pass)
+    cache_dir: Path | None = None  # forward-pass results cache (see features.run_features)
     head_file: Path | None = None  # a head fitted by `triage-worker fit`, scored too (if it fits the task's prompt)
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
@@ -77,16 +78,9 @@ def variant_tasks(base: Task, descriptions: dict[str, str], train: Sequence[Labe
 
 
 def make_classifier(loaded: LoadedModel, task: Task, settings) -> Classifier:
-    """As ``Classifier.from_settings`` but on an already-loaded model, prompt scoring, no threshold, truncation on."""
-    return Classifier(
-        loaded,
-        task,
-        max_input_tokens=settings.max_input_tokens,
-        truncate=True,
-        prefix_cache=settings.prefix_cache,
-        max_batch_items=settings.max_batch_items,
-        max_batch_tokens=settings.max_batch_tokens,
-    )
+    """The worker's classifier for ``task`` on an already-loaded model, with prompt scoring, no calibration,
+    no threshold, truncation on: eval derives every method from the raw scores and pooled states."""
+    return build_classifier(prompt_scoring(settings), loaded=loaded, task=task)
 
 
 def score_method(name: str, probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], extra: dict) -> dict:
@@ -120,7 +114,7 @@ def evaluate_all(
             continue
         clf = make_classifier(loaded, task, settings)
         items = clf.prepare_valid(texts)
-        p = run_pass(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
+        p = run_features(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
         passes[name] = (clf, p)
         info[name] = {"prefix_tokens": clf.prefix_length, "examples": len(task.examples), "scored": score,
                       "seconds": round(p.seconds, 1), "tickets_per_s": round(len(items) / p.seconds, 1) if p.seconds else None,
@@ -147,7 +141,7 @@ def evaluate_all(
     }
 
 
-def _bias(kind: str, clf: Classifier, p: Pass) -> np.ndarray:
+def _bias(kind: str, clf: Classifier, p: Features) -> np.ndarray:
     if kind == "none":
         return np.zeros(p.log_scores.shape[1])
     if kind == "contextual":
@@ -163,11 +157,11 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
     if cfg.head_file is not None:
         out += _score_head_file(cfg.head_file, clf, test_pass, labels, gold, cfg)
     if base.examples and {e.label for e in base.examples} == set(labels):  # what `auto` fits at start-up
-        ex = run_pass(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
+        ex = run_features(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
         out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
     curve: list[dict] = []
     if train:
-        tr = run_pass(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
+        tr = run_features(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
                       cache_dir=cfg.cache_dir)
         info["train"] = {"tickets": len(train), "seconds": round(tr.seconds, 1), "from_cache": tr.cached,
                          "tickets_per_s": round(len(train) / tr.seconds, 1) if tr.seconds else None}
@@ -178,7 +172,7 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
     return out, curve
 
 
-def _score_head_file(path: Path, clf: Classifier, test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
     from worker.quality.head import Head, HeadMismatch
 
     head = Head.load(path)
@@ -194,9 +188,7 @@ def _score_head_file(path: Path, clf: Classifier, test_pass: Pass, labels, gold,
 
 
 def worker_default(settings, base: Task, head_file: Path | None) -> str:
-    """Which of the measured methods a worker started with these settings would use (see engine.configure)."""
-    from worker.engine.configure import AUTO_METHOD, AUTO_POOLING
-
+    """Which of the measured methods a worker started with these settings would use (see worker.assemble)."""
     prompt = "task +contextual" if settings.calibration == "contextual" else "task"
     if settings.scorer == "prompt":
         return prompt
@@ -207,7 +199,7 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
     return prompt  # prompt variants are named by content: "task" may have been de-duplicated (see evaluate_all)
 
 
-def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+def _fit_and_score(prefix: str, tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
     out = []
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
@@ -221,7 +213,7 @@ def _fit_and_score(prefix: str, tr: Pass, y: Sequence[str], test_pass: Pass, lab
     return out
 
 
-def learning_curve(tr: Pass, y: Sequence[str], test_pass: Pass, labels, gold, cfg: EvalConfig) -> list[dict]:
+def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
     """Head quality when only n training tickets per label exist (seeded resamples of the train pass)."""
     y_arr = np.array(y)
     by_label = {lab: np.flatnonzero(y_arr == lab) for lab in labels}

@@ -1,8 +1,9 @@
-"""Pooled hidden states from the engine's own bucketed forward pass, with a progress bar.
+"""Pooled hidden states from the engine's own bucketed forward passes, with a progress bar.
 
-``FeatureTap`` wraps the classifier's scorer for the duration of a run: the same
-single forward pass yields the prompt scores *and* the pooled states a head is
-fitted on, so an eval scores the prompt and the head on one pass per ticket.
+``FeatureTap`` wraps the classifier's scorer in a copy of the classifier
+(``with_scoring``): the same single forward pass yields the prompt scores *and* the
+pooled states a head is fitted on, so an eval scores the prompt and the head on one
+forward per ticket.
 """
 
 from __future__ import annotations
@@ -11,20 +12,21 @@ import hashlib
 import json
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from worker.engine.classifier import Classifier, Prepared
+from worker.engine.classifier import Classifier
+from worker.engine.types import Prepared
 
 
 class PoolOnly:
     """A scorer that only asks for the pooled states (no label scoring, no KV cache kept)."""
 
+    kind = "features"
     needs_cache = False
     needs_mean = True
 
@@ -36,12 +38,13 @@ class PoolOnly:
 
 
 class FeatureTap:
-    """Delegates scoring to ``inner`` and keeps each batch's last-token and mean-pooled states."""
+    """Delegates scoring to ``inner`` and keeps each pass's last-token and mean-pooled states."""
 
     needs_mean = True
 
     def __init__(self, inner):
         self.inner = inner
+        self.kind = inner.kind
         self.names = inner.names
         self.needs_cache = inner.needs_cache
         self.last: list[np.ndarray] = []
@@ -54,8 +57,8 @@ class FeatureTap:
 
 
 @dataclass
-class Pass:
-    """One run over a list of items, in input order."""
+class Features:
+    """Scores and pooled states of a list of items, in input order (all the passes of one run)."""
 
     log_scores: np.ndarray  # [N, J] raw scorer output (before score_bias)
     last: np.ndarray  # [N, H] hidden state at the last real token (end of the answer cue)
@@ -67,17 +70,6 @@ class Pass:
         return self.mean if pooling == "mean" else self.last
 
 
-@contextmanager
-def tapped(clf: Classifier, inner=None) -> Iterator[FeatureTap]:
-    saved = clf.scorer
-    tap = FeatureTap(inner if inner is not None else saved)
-    clf.scorer = tap
-    try:
-        yield tap
-    finally:
-        clf.scorer = saved
-
-
 def _cache_key(clf: Classifier, items: Sequence[Prepared], score: bool) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([clf.model_name, clf.dtype_name, str(clf.device), score, list(clf.labels),
@@ -87,11 +79,11 @@ def _cache_key(clf: Classifier, items: Sequence[Prepared], score: bool) -> str:
     return h.hexdigest()[:24]
 
 
-def run_pass(
+def run_features(
     clf: Classifier, items: Sequence[Prepared], *, score: bool = True, desc: str = "forward", progress: bool = True,
     cache_dir: Path | None = None,
-) -> Pass:
-    """Length-bucketed batches exactly as ``clf.classify`` plans them, one ``run_batch`` each.
+) -> Features:
+    """Length-bucketed passes exactly as ``clf.classify`` plans them, one ``run_pass`` each.
 
     ``score=False`` skips label scoring (features only: cheaper with multi-token labels).
     ``cache_dir`` keeps results as .npz keyed by model, dtype, prompt and token ids, so a
@@ -101,7 +93,7 @@ def run_pass(
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as z:
             secs = float(z["seconds"]) if "seconds" in z.files else 0.0
-            return Pass(log_scores=z["log_scores"], last=z["last"], mean=z["mean"], seconds=secs, cached=True)
+            return Features(log_scores=z["log_scores"], last=z["last"], mean=z["mean"], seconds=secs, cached=True)
     t0 = time.perf_counter()
     out = _run(clf, items, score, desc, progress)
     out.seconds = time.perf_counter() - t0
@@ -113,20 +105,20 @@ def run_pass(
     return out
 
 
-def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, progress: bool) -> Pass:
+def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, progress: bool) -> Features:
     from tqdm import tqdm
 
-    batches = clf.plan(items)
+    passes = clf.plan(items)
+    tap = FeatureTap(clf.scorer if score else PoolOnly(clf.labels))
+    tapped = clf.with_scoring(tap)
     n, j = len(items), len(clf.labels)
     scores = np.zeros((n, j))
     last: np.ndarray | None = None
     mean: np.ndarray | None = None
-    with tapped(clf, None if score else PoolOnly(clf.labels)) as tap, tqdm(
-        total=n, desc=desc, unit="ticket", file=sys.stderr, disable=not progress or None, leave=False
-    ) as bar:
-        for b in batches:
+    with tqdm(total=n, desc=desc, unit="ticket", file=sys.stderr, disable=not progress or None, leave=False) as bar:
+        for b in passes:
             idx = list(b.indices)
-            scores[idx] = clf.run_batch([items[i] for i in idx])
+            scores[idx] = tapped.run_pass([items[i] for i in idx])
             h_last, h_mean = tap.last.pop(), tap.mean.pop()
             if last is None:
                 last = np.zeros((n, h_last.shape[1]), dtype=np.float32)
@@ -135,4 +127,4 @@ def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, pro
             bar.update(len(idx))
     if last is None:
         raise ValueError("no items to run")
-    return Pass(log_scores=scores, last=last, mean=mean)
+    return Features(log_scores=scores, last=last, mean=mean)

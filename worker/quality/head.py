@@ -212,10 +212,12 @@ def _pick_l2(z: np.ndarray, y: np.ndarray, j: int, seed: int, folds: int = 3) ->
 class HeadScorer:
     """The engine's ``Scorer`` protocol over a fitted head (no label tokens, no KV cache kept)."""
 
+    kind = "head"
     needs_cache = False
 
-    def __init__(self, head: Head, device: torch.device | str = "cpu"):
+    def __init__(self, head: Head, device: torch.device | str = "cpu", source: str | None = None):
         self.head = head
+        self.source = source  # the head file, or "task examples" (fitted at start-up)
         self.names = head.labels
         self.needs_mean = head.pooling == "mean"
         dim = head.mean.shape[0]

@@ -16,7 +16,7 @@ from rq.exceptions import DeserializationError
 from rq.job import Job
 from rq.queue import Queue
 
-from worker.rq_jobs import CLASSIFY_PATH, InvalidJob, ticket_text
+from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, ticket_text
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 

@@ -27,7 +27,7 @@ from rq.job_lifecycle import format_exc_info
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from worker.rq_jobs import latency_ms
+from worker.rqbatch.payload import latency_ms
 from worker.rqbatch.intake import uses_intermediate_queue
 from worker.rqbatch.jobs import Entry
 from worker.stream.records import result_fields

@@ -3,7 +3,7 @@
 ``rq worker --worker-class worker.rqbatch.BatchWorker QUEUE`` keeps everything RQ
 does around a job (registration, heartbeats, maintenance, suspension, signals,
 --burst, the scheduler), and replaces the one-job-per-fork execution: when RQ hands
-over a job, the worker takes up to TRIAGE_MAX_BATCH_ITEMS - 1 more (waiting up to
+over a job, the worker takes up to TRIAGE_WINDOW_MAX_ITEMS - 1 more (waiting up to
 TRIAGE_MAX_WAIT_MS), classifies them with the shared engine (length buckets +
 prefix cache) and records each job's own result or failure through RQ.
 
@@ -59,7 +59,7 @@ class BatchWorker(BaseWorker):
         return super().work(*args, **kwargs)
 
     def bootstrap(self, logging_level=None, date_format=None, log_format=None, **kwargs):
-        from worker.engine.classifier import Classifier
+        from worker.assemble import build_classifier
         from worker.logs import configure_logging, get_logger
         from worker.settings import Settings
 
@@ -71,7 +71,7 @@ class BatchWorker(BaseWorker):
             self.tlog.warning("rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer")
         self.allowed_callbacks = parse_allowed(self.settings.rq_allowed_callbacks)
         t0 = time.perf_counter()
-        self.clf = Classifier.from_settings(self.settings)
+        self.clf = build_classifier(self.settings)
         self.tlog.info(
             "rq_worker_ready",
             model=self.clf.model_name,
@@ -79,7 +79,7 @@ class BatchWorker(BaseWorker):
             dtype=self.clf.dtype_name,
             load_s=round(time.perf_counter() - t0, 2),
             queues=self.queue_names(),
-            max_batch_items=self.settings.max_batch_items,
+            window_max_items=self.settings.window_max_items,
             max_wait_ms=self.settings.max_wait_ms,
         )
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
@@ -90,7 +90,7 @@ class BatchWorker(BaseWorker):
         """RQ hands over one job; run it together with whatever else is queued."""
         self.set_state(WorkerStatus.BUSY)  # from here a SIGTERM means: finish this batch, then stop
         t0 = time.perf_counter()
-        limit = self.settings.max_batch_items
+        limit = self.settings.window_max_items
         if self._jobs_left is not None:
             limit = max(1, min(limit, self._jobs_left))
         batch = [(job, queue)]
@@ -127,8 +127,8 @@ class BatchWorker(BaseWorker):
             jobs=len(entries),
             finished=len(ok),
             failed=len(failed),
-            forward_passes=stats.batches if stats else 0,
-            batch_sizes=stats.batch_sizes if stats else [],
+            forward_passes=stats.passes if stats else 0,
+            pass_sizes=stats.pass_sizes if stats else [],
             padding_pct=round(stats.padding_pct, 1) if stats else 0.0,
             prefix_tokens_reused=stats.prefix_tokens_reused if stats else 0,
             infer_ms=round(stats.infer_ms, 1) if stats else 0.0,
@@ -139,8 +139,8 @@ class BatchWorker(BaseWorker):
 
     def _classify(self, entries: list[Entry]):
         """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error."""
-        from worker.engine.classifier import InvalidTicket
-        from worker.rq_jobs import job_result
+        from worker.engine.types import InvalidTicket
+        from worker.rqbatch.payload import job_result
 
         valid = [e for e in entries if e.error is None]
         timeout_s = batch_timeout_s([e.job for e in valid], self.queue_class.DEFAULT_TIMEOUT)

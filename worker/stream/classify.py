@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from worker.engine.classifier import Prediction, Prepared, RunStats
+from worker.engine.types import Prediction, Prepared, RunStats
 
 ClassifyFn = Callable[[Sequence[Prepared]], tuple[list[Prediction], RunStats]]
 

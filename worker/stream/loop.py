@@ -34,13 +34,13 @@ def run_worker(settings, *, drain: bool = False) -> int:
     log = get_logger("triage.worker").bind(consumer=settings.consumer)
     shutdown = Shutdown(log)
     shutdown.install()
-    from worker.engine.classifier import Classifier
+    from worker.assemble import build_classifier
     from worker.logs import route_transformers_logs
 
     route_transformers_logs()
 
     t0 = time.perf_counter()
-    clf = Classifier.from_settings(settings)
+    clf = build_classifier(settings)
     clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
     log.info("model_loaded", model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, labels=list(clf.labels),
              prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000))
@@ -113,7 +113,7 @@ class _Loop:
             source,
             clf.prepare,
             guard=self.guard,
-            max_items=settings.max_batch_items,
+            max_items=settings.window_max_items,
             max_wait_ms=settings.max_wait_ms,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
@@ -198,7 +198,7 @@ class _Loop:
         self.status.set_phase("writing")
         if m.split_retries:
             self.log.warning("batch_failed_split", items=len(w.prepared), failed_alone=sum(isinstance(p, Exception) for p in preds))
-        m.buckets, m.real_tokens, m.padded_tokens = stats.batches, stats.real_tokens, stats.padded_tokens
+        m.buckets, m.real_tokens, m.padded_tokens = stats.passes, stats.real_tokens, stats.padded_tokens
         m.prefix_tokens_reused, m.infer_ms = stats.prefix_tokens_reused, stats.infer_ms
         t0 = time.perf_counter()
         outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer)

@@ -6,22 +6,9 @@ model" from "padding waste" from "backlog growing" without a second tool).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Sequence
 
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method); ``None`` for no values."""
-    if not values:
-        return None
-    if not 0.0 <= q <= 100.0:
-        raise ValueError("q must be within [0, 100]")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+from worker.engine.types import padding_pct, percentile
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
@@ -51,7 +38,7 @@ class BatchMetrics:
 
     @property
     def padding_pct(self) -> float:
-        return 100.0 * (self.padded_tokens - self.real_tokens) / self.padded_tokens if self.padded_tokens else 0.0
+        return padding_pct(self.real_tokens, self.padded_tokens)
 
     @property
     def busy_ms(self) -> float:
@@ -128,7 +115,6 @@ class Summary:
     def take(self, now_s: float) -> dict:
         """The summary record for the period that ends now; starts a new period."""
         wall_s = max(now_s - self.since_s, 1e-9)
-        padded = self.padded_tokens
         line = {
             "period_s": round(wall_s, 1),
             "uptime_s": round(now_s - self.started_s, 1),
@@ -137,7 +123,7 @@ class Summary:
             "dead_lettered": self.dead_lettered,
             "items_per_s": round(self.items / wall_s, 1),
             "busy_pct": round(min(100.0, 100.0 * self.busy_ms / 1000.0 / wall_s), 1),
-            "padding_pct": round(100.0 * (padded - self.real_tokens) / padded, 1) if padded else 0.0,
+            "padding_pct": round(padding_pct(self.real_tokens, self.padded_tokens), 1),
             "latency_p50_ms": _r(percentile(self.latencies_ms, 50)),
             "latency_p99_ms": _r(percentile(self.latencies_ms, 99)),
             "backlog": self.last_backlog,

@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Mapping
 
-from worker.engine.classifier import Prediction
+from worker.engine.types import Prediction
 
 
 def stream_id_ms(stream_id: str | bytes) -> int:

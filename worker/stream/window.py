@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from worker.engine.classifier import InvalidTicket, Prediction, Prepared
+from worker.engine.types import InvalidTicket, Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
 from worker.stream.records import dead_letter_fields, result_fields, stream_id_ms
 from worker.stream.sink import Outcome

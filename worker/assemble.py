@@ -1,0 +1,220 @@
+"""Settings -> engine: the one place that turns ``TRIAGE_*`` into a ``Classifier``.
+
+Every process that classifies builds through ``build_classifier``: the stream
+worker, the RQ batch worker, ``eval`` / ``fit`` / ``verify`` and ``triage-bench``
+(in-process modes, and its Redis mode through ``settings_to_env``). So the
+benchmark measures the worker's engine, not a hand-copied cousin of it. Variants
+(a prompt-scoring eval, a bench thread count) are ``settings.model_copy(update=...)``
+through the same builder.
+
+Scorer choice (``TRIAGE_SCORER``):
+
+* ``prompt``: label-token scoring (the engine's ``PromptScorer``).
+* ``head``: the head in ``TRIAGE_HEAD_PATH`` (required); it must have been fitted for this
+  model, prompt and label set, else start-up fails with the reason.
+* ``auto`` (default): the head in ``TRIAGE_HEAD_PATH`` when set; else, when the task has at
+  least one few-shot example for every label (the built-in default task does), a
+  nearest-centroid head fitted at start-up on those examples' hidden states (one forward
+  pass over a handful of examples, well under a second); else prompt scoring. Measured on
+  real tickets this beats label-token prompting by a wide margin (docs/quality.md).
+
+``TRIAGE_CALIBRATION=contextual``: prompt scores are divided by the model's label
+preference on content-free tickets (one tiny forward pass at start-up). A head's
+probabilities are already fitted to data, so it is left alone (logged).
+
+Heads and calibration are fitted through a prompt-scoring classifier; the final one
+is built from it with ``with_scoring`` (same loaded model and prefix cache: cheap).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import AliasChoices, SecretStr
+
+from worker.settings import ENV_PREFIX, Settings, deprecated_env_in_use
+
+if TYPE_CHECKING:
+    from worker.engine.classifier import Classifier
+    from worker.engine.loader import LoadedModel
+    from worker.engine.scoring import Scorer
+    from worker.engine.task import Task
+    from worker.engine.types import EngineOptions
+
+log = logging.getLogger("triage.assemble")
+
+# Head fitted at start-up from task examples (a few per label): the centroid needs no
+# regularisation choice and its probabilities were the best calibrated at 1-2 examples per label.
+AUTO_METHOD, AUTO_POOLING = "centroid", "mean"
+
+_warned: set[str] = set()
+
+
+class ScoringConfigError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------- build
+def build_classifier(settings: Settings, *, loaded: LoadedModel | None = None, task: Task | None = None) -> Classifier:
+    """The classifier these settings describe; ``loaded`` shares an already loaded model, ``task`` replaces the
+    configured one (eval and bench prompt variants)."""
+    from worker.engine.classifier import Classifier
+
+    warn_deprecated_env()
+    if loaded is None:
+        loaded = load(settings)
+    prompt = Classifier(loaded, task or task_from_settings(settings), engine_options(settings))
+    scorer = choose_scorer(prompt, settings)
+    bias = calibration_bias(prompt, settings, scorer)
+    return prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias)
+
+
+def load(settings: Settings) -> LoadedModel:
+    """Threads, device, dtype, weights: the one call of ``load_model``."""
+    import torch
+
+    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.loader import load_model
+
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    device = pick_device(settings.device)
+    return load_model(settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    from worker.engine.types import EngineOptions
+
+    return EngineOptions(
+        max_input_tokens=settings.max_input_tokens,
+        truncate=settings.truncate,
+        prefix_cache=settings.prefix_cache,
+        pass_max_items=settings.pass_max_items,
+        pass_max_tokens=settings.pass_max_tokens,
+        pass_overhead_tokens=settings.pass_overhead_tokens,
+        confidence_threshold=settings.confidence_threshold,
+        fallback_label=settings.fallback_label,
+    )
+
+
+def task_from_settings(settings: Settings) -> Task:
+    """``TRIAGE_TASK_FILE``, else ``TRIAGE_LABELS``, else the built-in support-ticket task."""
+    from worker.engine.task import default_task, load_task_file, task_from_labels
+
+    if settings.task_file is not None:
+        return load_task_file(settings.task_file)
+    labels = settings.label_list()
+    if labels is not None:
+        return task_from_labels(labels)
+    return default_task()
+
+
+def prompt_scoring(settings: Settings) -> Settings:
+    """These settings with label-token scoring, no calibration, no threshold, truncation on (eval and fit
+    measure / fit on the raw scores and hidden states)."""
+    return settings.model_copy(update={"scorer": "prompt", "head_path": None, "calibration": "none",
+                                       "confidence_threshold": 0.0, "truncate": True})
+
+
+# --------------------------------------------------------------------------- scorer
+def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
+    """The scorer ``settings.scorer`` asks for on ``clf`` (a prompt-scoring classifier); ``None`` = prompt scoring."""
+    from worker.quality.head import HeadScorer
+
+    head_path = settings.head_path
+    if settings.scorer == "head" and head_path is None:
+        raise ScoringConfigError("TRIAGE_SCORER=head needs TRIAGE_HEAD_PATH (a head fitted by `triage-worker fit`)")
+    if settings.scorer in ("head", "auto") and head_path is not None:
+        return load_head_scorer(clf, head_path)
+    if settings.scorer == "auto":
+        missing = sorted(set(clf.labels) - {e.label for e in clf.task.examples})
+        if missing:
+            log.info("scorer: prompt (no task examples for %s; a head needs one per label)", missing)
+            return None
+        head = fit_head_on_task_examples(clf)
+        log.info("scorer: %s/%s head fitted on the task's %d examples (TRIAGE_SCORER=prompt for label-token scoring)",
+                 head.method, head.pooling, len(clf.task.examples))
+        return HeadScorer(head, device=clf.device, source="task examples")
+    if head_path is not None:
+        log.warning("TRIAGE_HEAD_PATH is set but TRIAGE_SCORER=prompt: the head is not used")
+    return None
+
+
+def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
+    """Load a fitted head and check it fits ``clf``'s model, prompt and labels."""
+    from worker.quality.head import Head, HeadScorer
+
+    try:
+        head = Head.load(path)
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for corrupt files
+        raise ScoringConfigError(f"cannot load scorer head {path}: {e}") from e
+    head.check(clf)  # HeadMismatch (a ValueError) says what differs
+    log.info("scorer head loaded: %s (%s, %s pooling, %s training tickets)",
+             path, head.method, head.pooling, head.meta.get("n_train"))
+    return HeadScorer(head.reordered(clf.labels), device=clf.device, source=str(path))
+
+
+def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, pooling: str = AUTO_POOLING):
+    """A head from the task's own few-shot examples, through the classifier's own forward pass."""
+    from worker.quality.features import run_features
+    from worker.quality.head import fit_head, prompt_hash
+
+    examples = clf.task.examples
+    feats = run_features(clf, clf.prepare_valid([e.text for e in examples]), score=False, progress=False)
+    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
+            "source": "task examples"}
+    labels = [e.label for e in examples]
+    return fit_head(feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta)
+
+
+def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None):
+    """The score bias ``settings.calibration`` asks for (``None``: none), measured through ``clf`` (prompt scoring)."""
+    if settings.calibration != "contextual":
+        return None
+    if scorer is not None and scorer.kind == "head":
+        log.warning("TRIAGE_CALIBRATION=contextual applies to prompt scoring only; the head is used as fitted")
+        return None
+    from worker.quality.calibration import contextual_bias
+
+    bias = contextual_bias(clf)
+    log.info("contextual calibration: score_bias %s", dict(zip(clf.labels, [round(float(b), 3) for b in bias])))
+    return bias
+
+
+# ----------------------------------------------------------------------- processes
+def settings_to_env(settings: Settings) -> dict[str, str]:
+    """Every field as the ``TRIAGE_*`` variable a child process reads back into equal settings.
+
+    Fields that are ``None`` are left out (the child's default is ``None`` too). Secrets go into
+    the returned mapping as plain text: hand it to the child's environment, never to a log.
+    """
+    env: dict[str, str] = {}
+    for name, field in Settings.model_fields.items():
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        alias = field.validation_alias
+        key = str(alias.choices[0]) if isinstance(alias, AliasChoices) else ENV_PREFIX + name.upper()
+        env[key] = _env_value(value)
+    return env
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return json.dumps(sorted(value) if isinstance(value, (set, frozenset)) else value)
+    return str(value)
+
+
+def warn_deprecated_env() -> None:
+    """Log each deprecated ``TRIAGE_*`` name in use, once per process (start-up builds the classifier)."""
+    for old, new in deprecated_env_in_use().items():
+        if old not in _warned:
+            _warned.add(old)
+            log.warning("%s is deprecated: use %s (the old name still works for now)", old, new)

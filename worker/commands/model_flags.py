@@ -1,0 +1,26 @@
+"""The ``--model`` / ``--dtype`` / ``--device`` flags of the offline commands (eval, fit, verify), and their settings.
+
+Each flag overrides its ``TRIAGE_*`` variable; everything else comes from the environment,
+as for the worker, so a command measures the engine the worker would run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
+    p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
+    p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+
+
+def settings_from_args(args: argparse.Namespace):
+    """``Settings`` from the environment with the model flags applied, and logging set up from them."""
+    from worker.logs import configure_logging
+    from worker.settings import Settings
+
+    overrides = {k: getattr(args, k) for k in ("model", "dtype", "device") if getattr(args, k, None) is not None}
+    settings = Settings(**overrides)
+    configure_logging(settings.log_format, settings.log_level)
+    return settings

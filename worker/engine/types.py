@@ -1,0 +1,128 @@
+"""What goes into and comes out of the engine, and what one run of it cost. Pure: no torch, no numpy.
+
+Kept apart from ``classifier.py`` so that the stream side (records, metrics, the
+reader) can name these types without loading torch and transformers.
+
+Words: a *pass* is one forward call over a length bucket; a *run* is the passes
+one ``Classifier.classify`` call makes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+class InvalidTicket(ValueError):
+    """A ticket the engine cannot classify; the message is a sentence for a person."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A tokenized ticket, ready for a pass."""
+
+    ids: tuple[int, ...]  # suffix: ticket text tokens + answer cue
+    n_text_tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    scores: dict[str, float]  # label -> probability
+    truncated: bool
+    n_tokens: int
+
+    @property
+    def score(self) -> float:
+        return max(self.scores.values())
+
+
+def padding_pct(real_tokens: int, padded_tokens: int) -> float:
+    """Share of the computed tokens that were padding, in percent (0.0 when nothing was computed)."""
+    return 100.0 * (padded_tokens - real_tokens) / padded_tokens if padded_tokens else 0.0
+
+
+def percentile(values: Sequence[float], q: float, *, nearest: bool = False) -> float | None:
+    """The ``q``-th percentile of ``values``; ``None`` for no values.
+
+    Linear interpolation between closest ranks (numpy's default) unless ``nearest``:
+    then the nearest-rank value, one that really occurred (the benchmark reports those).
+    """
+    if not values:
+        return None
+    if not 0.0 <= q <= 100.0:
+        raise ValueError("q must be within [0, 100]")
+    xs = sorted(values)
+    if nearest:
+        return xs[min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """What one forward call cost."""
+
+    items: int
+    real_tokens: int  # cost tokens of the rows, no padding (the prefix too when it was not cached)
+    padded_tokens: int  # tokens the forward computed: items x width, padding included
+    prefix_tokens_reused: int = 0  # prompt-prefix tokens read from the shared KV cache instead of computed
+    infer_ms: float = 0.0  # forward + scoring, device synchronised by the copy of the scores to the host
+
+    @property
+    def padding_pct(self) -> float:
+        return padding_pct(self.real_tokens, self.padded_tokens)
+
+
+@dataclass
+class RunStats:
+    """Passes added up (one ``classify`` call, one window, or a summary period)."""
+
+    items: int = 0
+    passes: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    prefix_tokens_reused: int = 0
+    infer_ms: float = 0.0
+    pass_sizes: list[int] = field(default_factory=list)  # items per pass, in run order
+
+    @property
+    def padding_pct(self) -> float:
+        return padding_pct(self.real_tokens, self.padded_tokens)
+
+    def add(self, p: PassStats) -> None:
+        """Count one more pass, its items included."""
+        self.items += p.items
+        self.passes += 1
+        self.real_tokens += p.real_tokens
+        self.padded_tokens += p.padded_tokens
+        self.prefix_tokens_reused += p.prefix_tokens_reused
+        self.infer_ms += p.infer_ms
+        self.pass_sizes.append(p.items)
+
+    def merge(self, other: "RunStats") -> None:
+        """Add another run's pass counters (not ``items``: the caller knows how many tickets it handled)."""
+        self.passes += other.passes
+        self.real_tokens += other.real_tokens
+        self.padded_tokens += other.padded_tokens
+        self.prefix_tokens_reused += other.prefix_tokens_reused
+        self.infer_ms += other.infer_ms
+        self.pass_sizes.extend(other.pass_sizes)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Every engine knob besides the model, the task and the scorer (the worker maps TRIAGE_* onto these)."""
+
+    max_input_tokens: int = 512  # ticket tokens beyond this are truncated (or the ticket rejected)
+    truncate: bool = True
+    prefix_cache: bool = True  # reuse the prompt prefix's KV cache across passes
+    pass_max_items: int = 64  # tickets per forward call at most
+    pass_max_tokens: int = 8192  # padded tokens (items x longest) per forward call at most
+    pass_overhead_tokens: int = 32  # planner's fixed price of one forward call, in token-equivalents
+    confidence_threshold: float = 0.0  # below this top probability the label becomes fallback_label
+    fallback_label: str = "needs_review"

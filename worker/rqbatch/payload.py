@@ -1,0 +1,70 @@
+"""The payload rules every RQ path shares: what a classify job may carry, and what it returns.
+
+RQ users enqueue ``CLASSIFY_PATH`` (``q.enqueue("worker.rq_jobs.classify", {"text": ...})``)
+and read the label from ``job.return_value()``. The batch worker (``BatchWorker``)
+recognises the path and runs these checks and the engine on many jobs at once; a plain
+``rq worker`` runs the function itself (``worker.rqbatch.plain``). Pure: no torch, no Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+CLASSIFY_PATH = "worker.rq_jobs.classify"  # the wire contract: job payloads name this path
+
+
+class InvalidJob(ValueError):
+    """A job triage refuses or cannot read; the message is a sentence for a person (it lands in exc_info)."""
+
+
+def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: int) -> str:
+    """The ticket text of a classify call ``classify(ticket)``; ``ticket`` is ``{"text": str}`` or a str.
+
+    Extra keys in the dict are ignored. Raises ``InvalidJob`` with a clear reason otherwise.
+    """
+    if kwargs:
+        raise InvalidJob(f"classify takes one positional ticket, not keyword arguments ({', '.join(sorted(map(str, kwargs)))})")
+    if len(args) != 1:
+        raise InvalidJob(f"classify takes exactly one ticket argument, got {len(args)}")
+    ticket = args[0]
+    if isinstance(ticket, Mapping):
+        if "text" not in ticket:
+            raise InvalidJob("ticket has no 'text' field (expected {\"text\": \"...\"})")
+        text = ticket["text"]
+    elif isinstance(ticket, str):
+        text = ticket
+    else:
+        raise InvalidJob(f"ticket must be an object with a 'text' field or a string, got {_json_type(ticket)}")
+    if not isinstance(text, str):
+        raise InvalidJob(f"ticket text must be a string, got {_json_type(text)}")
+    if not text.strip():
+        raise InvalidJob("ticket text is empty")
+    n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
+    if n_bytes > max_text_bytes:
+        raise InvalidJob(f"ticket text is {n_bytes} bytes, over the {max_text_bytes}-byte limit (TRIAGE_MAX_TEXT_BYTES)")
+    return text
+
+
+def job_result(pred, model: str) -> dict[str, Any]:
+    """What ``job.return_value()`` gives an RQ user: plain JSON, no engine types."""
+    return {
+        "label": pred.label,
+        "score": round(pred.score, 6),
+        "scores": {k: round(v, 6) for k, v in pred.scores.items()},
+        "truncated": pred.truncated,
+        "tokens": pred.n_tokens,
+        "model": model,
+    }
+
+
+def latency_ms(job) -> float | None:
+    """Enqueue-to-label time of an RQ job, for the results stream."""
+    if job is None or job.enqueued_at is None:
+        return None
+    return max(0.0, (time.time() - job.enqueued_at.timestamp()) * 1000)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
