@@ -7,6 +7,7 @@ every test uses its own ticket ids, and the last test stops it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import socket
@@ -124,6 +125,30 @@ def test_bad_inputs_are_dead_lettered_with_reasons_and_neighbours_classified(wor
     assert json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + "bad-empty"))["status"] == "dead_letter"
     assert worker.returncode is None, worker.stderr_tail()
     assert r.xpending(stream, "triage")["pending"] == 0
+
+
+def test_dead_letter_keeps_a_bounded_excerpt_with_size_and_hash(worker, stream_env, r):
+    """A 5 MB ticket is refused (too large); its dead letter and latest-result key hold an excerpt of at
+    most 4 KB (TRIAGE_DEAD_LETTER_EXCERPT_BYTES), the entry's size and a hash, not 5 MB twice."""
+    stream = stream_env["TRIAGE_INPUT_STREAM"]
+    fields = {"id": "huge-1", "text": "x" * 5_000_000, "channel": "mail"}
+    huge = r.xadd(stream, fields)
+    blank = r.xadd(stream, {"id": "blank-1", "text": "  "})
+    settled = wait_settled(r, stream_env, [huge, blank], timeout_s=60)
+    kind, rec = settled[huge]
+    assert kind == "dead" and "over the limit" in rec["reason"], rec["reason"]
+    assert len(rec["payload"].encode()) <= 4096 and rec["payload_truncated"] == "1"
+    excerpt = json.loads(rec["payload"])
+    assert excerpt["id"] == "huge-1" and excerpt["channel"] == "mail" and excerpt["text"].startswith("xxxx")
+    raw = [(k.encode(), v.encode()) for k, v in fields.items()]
+    assert int(rec["payload_bytes"]) == sum(len(k) + len(v) for k, v in raw)
+    digest = hashlib.sha256(b"".join(b"%d:%s,%d:%s," % (len(k), k, len(v), v) for k, v in raw)).hexdigest()
+    assert rec["payload_sha256"] == digest
+    key = stream_env["TRIAGE_RESULT_KEY_PREFIX"] + "huge-1"
+    assert json.loads(r.get(key))["status"] == "dead_letter" and r.strlen(key) < 8192
+    assert sum(len(k) + len(v) for k, v in rec.items()) < 8192  # the dead-letter entry itself
+    kind, rec = settled[blank]
+    assert kind == "dead" and rec["payload_truncated"] == "0" and json.loads(rec["payload"]) == {"id": "blank-1", "text": "  "}
 
 
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")

@@ -129,6 +129,10 @@ class Settings(BaseSettings):
 
     # --- stream worker (worker/stream) ------------------------------------
     prefetch: bool = Field(True, description="Read + tokenize the next window while the model runs the current one.")
+    dead_letter_excerpt_bytes: int = Field(
+        4096, ge=256, description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
+        "and SHA-256), not the whole payload."
+    )
     input_trim: bool = Field(
         True,
         description="Each write trims the input stream below the oldest entry any consumer group still needs "

@@ -201,7 +201,8 @@ class _Loop:
         m.buckets, m.real_tokens, m.padded_tokens = stats.passes, stats.real_tokens, stats.padded_tokens
         m.prefix_tokens_reused, m.infer_ms = stats.prefix_tokens_reused, stats.infer_ms
         t0 = time.perf_counter()
-        outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer)
+        outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer,
+                                             excerpt_bytes=self.s.dead_letter_excerpt_bytes)
         written = self._commit(outcome, w)
         if written is None:
             self._drop(w)

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from worker.engine.types import InvalidTicket, Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
-from worker.stream.records import dead_letter_fields, result_fields, stream_id_ms
+from worker.stream.records import DEAD_LETTER_EXCERPT_BYTES, dead_letter_fields, result_fields, stream_id_ms
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
 
@@ -90,6 +90,7 @@ def to_outcome(
     model: str,
     worker: str,
     now_ms: float | None = None,
+    excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES,
 ) -> tuple[Outcome, list[float]]:
     """Result records (latency = now - the entry id's enqueue time), dead letters, and acks for every entry.
 
@@ -101,7 +102,7 @@ def to_outcome(
     for ticket, pred in zip(w.tickets, predictions):
         if isinstance(pred, Exception):
             reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {_short(pred)})"
-            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker))
+            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
             continue
         latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
         latencies.append(latency)
@@ -109,13 +110,14 @@ def to_outcome(
             result_fields(ticket.ticket_id, pred, latency_ms=latency, model=model, worker=worker, meta=ticket.meta, stream_id=ticket.stream_id)
         )
     for entry, ticket_id, reason in w.rejected:
-        out.dead_letters.append(_dead(entry, ticket_id, reason, worker))
+        out.dead_letters.append(_dead(entry, ticket_id, reason, worker, excerpt_bytes))
     out.ack_ids = w.ids
     return out, latencies
 
 
-def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str) -> dict[str, str]:
+def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str, excerpt_bytes: int) -> dict[str, str]:
     return dead_letter_fields(
+        excerpt_bytes=excerpt_bytes,
         stream_id=entry.stream_id,
         reason=reason,
         payload=entry.fields or {},
