@@ -151,6 +151,24 @@ def test_dead_letter_keeps_a_bounded_excerpt_with_size_and_hash(worker, stream_e
     assert kind == "dead" and rec["payload_truncated"] == "0" and json.loads(rec["payload"]) == {"id": "blank-1", "text": "  "}
 
 
+@pytest.mark.parametrize("order", ["blank-then-good", "good-then-blank"])
+def test_latest_result_key_follows_entry_order_within_one_window(worker, stream_env, r, order):
+    """Two entries with the same ticket id read in one window: the key holds the later entry's outcome."""
+    stream, tid = stream_env["TRIAGE_INPUT_STREAM"], f"same-{order}"
+    entries = [{"id": tid, "text": "   "}, {"id": tid, "text": "I was charged twice"}]
+    if order == "good-then-blank":
+        entries.reverse()
+    pipe = r.pipeline(transaction=True)  # arrive together: one read, one window, one write
+    for fields in entries:
+        pipe.xadd(stream, fields)
+    first, second = pipe.execute()
+    settled = wait_settled(r, stream_env, [first, second])
+    latest = json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + tid))
+    assert latest["stream_id"] == second, (order, latest)
+    assert latest["status"] == ("ok" if order == "blank-then-good" else "dead_letter")
+    assert {kind for kind, _ in settled.values()} == {"result", "dead"}
+
+
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")
 def test_redis_cli_round_trip(worker, stream_env, redis_url):
     url = redis_url

@@ -130,8 +130,16 @@ class ResultSink:
         return Written(outcome.only(set(outcome.ack_ids) - set(not_ours)) if not_ours else outcome, not_ours)
 
 
-def _records(outcome: Outcome):
-    for r in outcome.results:
-        yield "r", r
-    for d in outcome.dead_letters:
-        yield "d", d
+def _records(outcome: Outcome) -> list[tuple[str, dict[str, str]]]:
+    """Results and dead letters in input-entry order, so that of two entries with the same ticket id
+    in one write, the later one's record is the latest-result key (last write wins, as across writes)."""
+    recs = [("r", r) for r in outcome.results] + [("d", d) for d in outcome.dead_letters]
+    return sorted(recs, key=lambda kr: _id_key(kr[1].get("stream_id", "")))
+
+
+def _id_key(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:  # not a stream id (tools writing records by hand): after the real ones, in given order
+        return 2**64, 0
