@@ -172,3 +172,31 @@ def test_second_signal_exits_at_once(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert p.stdout.splitlines() == ["warm stop requested"]
     assert '"event": "warm_shutdown"' in p.stderr and '"event": "cold_shutdown"' in p.stderr
+
+
+def _closed_port_url() -> str:
+    from tests.chaos.redis_server import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: connection refused
+
+
+def test_drain_against_unreachable_redis_gives_up_before_loading_the_model(triage_env):
+    """--drain must not hang: Redis is checked first, the model is never loaded, exit code 3 with a clear reason."""
+    env = env_with(triage_env, TRIAGE_REDIS_URL=_closed_port_url(), TRIAGE_DRAIN_REDIS_TIMEOUT_S=1,
+                   TRIAGE_RECONNECT_MAX_S=0.2)
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(timeout_s=120) == 3, w.stderr_tail()
+    assert not w.events("model_loaded"), "Redis must be checked before the model loads"
+    gave_up = w.events("redis_unreachable")
+    assert gave_up and "TRIAGE_REDIS_URL" in gave_up[-1]["action"], w.stderr_tail()
+    assert w.events("waiting_for_redis")
+
+
+def test_run_waits_for_redis_before_loading_the_model(triage_env):
+    """Run mode: a clear line, then wait and retry (as long as it takes); the first SIGTERM ends the wait."""
+    env = env_with(triage_env, TRIAGE_REDIS_URL=_closed_port_url(), TRIAGE_RECONNECT_MAX_S=0.2)
+    with start_worker(env, "run", ready=False) as w:
+        w.wait_for(lambda e: e.get("event") == "redis_unavailable" and e.get("attempt", 0) >= 3, timeout_s=120)
+        assert not w.events("model_loaded"), "Redis must be checked before the model loads"
+        assert w.stop() == 0, w.stderr_tail()
+    assert w.events("waiting_for_redis") and w.events("worker_stopped")

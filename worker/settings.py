@@ -133,6 +133,10 @@ class Settings(BaseSettings):
         4096, ge=256, description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
         "and SHA-256), not the whole payload."
     )
+    drain_redis_timeout_s: float = Field(
+        30.0, gt=0, description="--drain only: give up with exit code 3 when Redis cannot be reached at start-up for this "
+        "long (run mode waits for Redis as long as it takes)."
+    )
     input_trim: bool = Field(
         True,
         description="Each write trims the input stream below the oldest entry any consumer group still needs "

@@ -103,6 +103,7 @@ def test_corpus_verdicts_at_parser_level():
         assert isinstance(got, Ticket) == (case.expect == "result"), case.name
         if isinstance(got, Rejected):
             assert case.reason_has in got.reason.lower(), (case.name, got.reason)
+            assert not case.reason_not or case.reason_not not in got.reason.lower(), (case.name, got.reason)
 
 
 # ------------------------------------------------------------------ whole worker
@@ -135,6 +136,7 @@ def test_hostile_corpus_through_the_worker(launch, chaos_redis, chaos_env, tmp_p
         else:
             assert sid in dead, f"{case.name} got a result, expected a dead letter"
             assert case.reason_has in dead[sid]["reason"].lower(), (case.name, dead[sid]["reason"])
+            assert not case.reason_not or case.reason_not not in dead[sid]["reason"].lower(), (case.name, dead[sid]["reason"])
     labels = {f["label"] for f in results.values()}
     assert labels <= set(CHAOS_LABELS), labels
     assert INJECTED_LABEL not in labels
