@@ -70,11 +70,19 @@ def test_tickets_get_one_result_each_with_a_label_latency_and_key(worker, stream
         latest = json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + rec["id"]))
         assert latest["status"] == "ok" and latest["label"] == rec["label"] and latest["stream_id"] == sid
         assert 0 < r.ttl(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + rec["id"]) <= 86_400
-    batches = worker.events("batch")
-    assert batches and sum(b["items"] for b in batches) >= len(texts)
-    for key in ("buckets", "real_tokens", "padded_tokens", "padding_pct", "prefix_tokens_reused", "read_ms",
+    windows = worker.events("window")
+    assert windows and sum(b["items"] for b in windows) >= len(texts)
+    for key in ("passes", "real_tokens", "padded_tokens", "padding_pct", "prefix_tokens_reused", "read_ms",
                 "tokenize_ms", "infer_ms", "write_ms", "items_per_s", "backlog", "latency_p50_ms", "latency_p99_ms"):
-        assert key in batches[-1], key
+        assert key in windows[-1], key
+    # one "pass" line per forward call, tied to its window
+    passes = worker.events("pass")
+    per_window = {}
+    for p in passes:
+        per_window[p["window"]] = per_window.get(p["window"], 0) + 1
+        assert p["items"] >= 1 and p["infer_ms"] >= 0 and p["padded_tokens"] >= p["real_tokens"] > 0
+    assert all(per_window.get(w["window"], 0) == w["passes"] for w in windows), (per_window, windows)
+    assert not worker.events("batch"), "the per-window line is called 'window' now"
     assert worker.returncode is None, worker.stderr_tail()
 
 

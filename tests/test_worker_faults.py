@@ -127,10 +127,10 @@ def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, p
 def test_sigterm_mid_stream_exits_0_loses_nothing_acks_nothing_unwritten(proxied, redis_url):
     env, w = proxied
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    seen = len(w.events("batch"))
+    seen = len(w.events("window"))
     ids = push(r, env, 300, "t")
     deadline = time.monotonic() + 60
-    while len(w.events("batch")) <= seen:  # one batch of the new tickets is done: mid-stream now
+    while len(w.events("window")) <= seen:  # one window of the new tickets is done: mid-stream now
         assert time.monotonic() < deadline, w.stderr_tail()
         time.sleep(0.01)
     w.signal(signal.SIGTERM)

@@ -65,7 +65,7 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_mode
     t = tally(client, results, dead, [x["id"] for x in tickets])
     assert t.lost == [] and t.duplicates == 0 and not t.dead
     assert t.workers["long-a"] > 0 and t.workers["long-b"] > 0
-    infer_ms = [e["infer_ms"] for w in (a, b) for e in w.events("batch")]
+    infer_ms = [e["infer_ms"] for w in (a, b) for e in w.events("window")]
     record("long_pass", tickets=len(tickets), window=WINDOW, max_window_infer_ms=max(infer_ms),
            heartbeat_samples=len(samples), heartbeat_missing=missing, phases=sorted(p for p in phases if p),
            reclaimed_from_live_worker=len(claimed))

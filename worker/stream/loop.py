@@ -11,20 +11,20 @@ it; the windows read from the lost group are dropped.
 
 from __future__ import annotations
 
-import queue
+import threading
 import time
 
 from worker.logs import get_logger, mask_url
-from worker.stream.classify import classify_isolated
+from worker.stream.classify import PassResult, run_passes
 from worker.stream.connection import Backoff, connect, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.health import Heartbeat, Keeper, Status
-from worker.stream.metrics import BatchMetrics, Summary
+from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
 from worker.stream.shutdown import Shutdown
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink
 from worker.stream.source import StreamSource
-from worker.stream.window import Window, to_outcome
+from worker.stream.window import Window, pass_outcome, rejections
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 
@@ -42,7 +42,7 @@ def run_worker(settings, *, drain: bool = False) -> int:
     ready = _setup(source, settings, shutdown, log, give_up_s=settings.drain_redis_timeout_s if drain else None)
     if ready != "ok":
         if ready == "stopped":
-            log.info("worker_stopped", reason=shutdown.reason or "stopped", batches=0, items=0, dead_lettered=0)
+            log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
             return EXIT_OK
         return EXIT_REDIS if ready == "unreachable" else EXIT_CONFIG
 
@@ -122,6 +122,11 @@ def _quietly(fn) -> None:
 
 
 class _Loop:
+    """The main thread: take a window from the reader, run its passes, write, log.
+
+    Hooks for metrics exporters: ``_on_pass`` (after each forward call) and ``_on_window`` (after a
+    window is written and acked, or dropped)."""
+
     def __init__(self, settings, clf, client, source: StreamSource, shutdown: Shutdown, log, drain: bool, *,
                  status: Status, heartbeat: Heartbeat, keeper: Keeper):
         self.s = settings
@@ -148,6 +153,7 @@ class _Loop:
         self.status = status
         self.keeper = keeper
         self.summary = Summary(settings.log_summary_s, time.monotonic())
+        self._summary_lock = threading.Lock()
         self.reader = Reader(
             source,
             clf.prepare,
@@ -161,18 +167,20 @@ class _Loop:
             stop=shutdown.stop,
             log=log,
             drain=drain,
+            prefetch=settings.prefetch,
             on_reconnect=self._count_reconnect,
         )
-        self.batches = 0
+        self.windows = 0
 
     def _count_reconnect(self) -> None:
-        self.summary.reconnects += 1
+        with self._summary_lock:
+            self.summary.reconnects += 1
 
     def _refresh(self) -> None:
         """Keeper thread: reset the idle time of every entry this process holds (still pending on it)."""
         epoch = self.guard.epoch
         try:
-            self.source.refresh(self.reader.in_flight.snapshot(epoch))
+            self.source.refresh(self.reader.held())
         except Exception as e:  # noqa: BLE001
             if not is_nogroup(e):
                 raise
@@ -187,24 +195,17 @@ class _Loop:
         while True:
             if self.status.phase != "idle":
                 self.status.set_phase("reading")
-            try:
-                item = self.reader.queue.get(timeout=0.5)
-            except queue.Empty:
-                item = None
+            item = self.reader.next_window(timeout_s=0.5)
+            if item is None:
                 self.status.set_phase("idle")
-            if isinstance(item, Window):
-                if self.s.prefetch:
-                    self.reader.permit.release()  # let the reader fetch + tokenize the next window now
+            elif isinstance(item, Window):
                 try:
-                    self._handle(item)
+                    self._process(item)
                 except PartialWriteError as e:
                     self.log.error("wrong_key_type", error=str(e), action="stopping: nothing of the window was written; "
                                    "fix the key type, then restart")
                     code, why = EXIT_FAILED, "a results or dead-letter key holds another type"
                     break
-                finally:
-                    if not self.s.prefetch:
-                        self.reader.permit.release()
             elif item == END:
                 why = self.shutdown.reason or "stopped"
                 break
@@ -214,53 +215,82 @@ class _Loop:
             elif isinstance(item, BaseException):
                 code, why = EXIT_FAILED, f"reader crashed: {type(item).__name__}: {item}"
                 break
-            now = time.monotonic()
-            if self.summary.due(now):
-                self.log.info("summary", **self.summary.take(now))
+            self._maybe_summary()
         self._finish(why)
         return code
 
-    # ------------------------------------------------------------------ batch
-    def _handle(self, w: Window) -> None:
+    # ----------------------------------------------------------------- window
+    def _process(self, w: Window) -> None:
+        """Run the window's passes, then write everything and ack in one step."""
         if w.epoch != self.guard.epoch:
             self._drop(w)
             return
-        self.batches += 1
-        m = BatchMetrics(batch=self.batches, source=w.source, read_ms=w.read_ms, tokenize_ms=w.tokenize_ms,
-                         backlog=w.backlog, pending=w.pending)
-        self.status.set_phase("inferring")
-        self.status.pass_started()
-        try:
-            preds, stats, m.split_retries = classify_isolated(self.clf.classify, w.prepared)
-        finally:
-            self.status.pass_finished()
+        self.windows += 1
+        m = WindowMetrics(window=self.windows, source=w.source, read_ms=w.read_ms, tokenize_ms=w.tokenize_ms,
+                          backlog=w.backlog, pending=w.pending)
+        outcome = rejections(w, worker=self.s.consumer, excerpt_bytes=self.s.dead_letter_excerpt_bytes)
+        plan = self.clf.plan(w.prepared) if w.prepared else []
+        passes = run_passes(self.clf.classify_passes, plan, w.prepared)
+        for k in range(len(plan)):
+            self.status.set_phase("inferring")
+            self.status.pass_started()
+            try:
+                res = next(passes)
+            finally:
+                self.status.pass_finished()
+            m.stats.items += res.stats.items
+            m.stats.merge(res.stats)
+            m.split_retries += res.split_retries
+            self._on_pass(m, k, res)
+            out, _ = pass_outcome(w, res.indices, res.predictions, model=self.clf.model_name, worker=self.s.consumer,
+                                  excerpt_bytes=self.s.dead_letter_excerpt_bytes)
+            outcome = Outcome(outcome.results + out.results, outcome.dead_letters + out.dead_letters,
+                              outcome.ack_ids + out.ack_ids)
         self.status.set_phase("writing")
-        if m.split_retries:
-            self.log.warning("batch_failed_split", items=len(w.prepared), failed_alone=sum(isinstance(p, Exception) for p in preds))
-        m.buckets, m.real_tokens, m.padded_tokens = stats.passes, stats.real_tokens, stats.padded_tokens
-        m.prefix_tokens_reused, m.infer_ms = stats.prefix_tokens_reused, stats.infer_ms
         t0 = time.perf_counter()
-        outcome, m.latencies_ms = to_outcome(w, preds, model=self.clf.model_name, worker=self.s.consumer,
-                                             excerpt_bytes=self.s.dead_letter_excerpt_bytes)
         written = self._commit(outcome, w)
         if written is None:
             self._drop(w)
             return
         m.write_ms = (time.perf_counter() - t0) * 1000
-        m.items = len(written.results)
-        m.dead_lettered = len(written.dead_letters)
-        self.reader.in_flight.discard(w.ids, w.epoch)
+        self._count_written(m, written)
+        self._on_window(m, w)
+
+    def _on_pass(self, m: WindowMetrics, index: int, res: PassResult) -> None:
+        """After each forward call (main thread)."""
+        if res.split_retries:
+            self.log.warning("pass_failed_split", window=m.window, items=len(res.indices),
+                             failed_alone=sum(isinstance(p, Exception) for p in res.predictions))
+        self.log.info("pass", **pass_line(m.window, index, res.stats, split_retries=res.split_retries))
+
+    def _count_written(self, m: WindowMetrics, written: Outcome) -> None:
+        m.items += len(written.results)
+        m.dead_lettered += len(written.dead_letters)
+        m.latencies_ms += [float(r["latency_ms"]) for r in written.results if "latency_ms" in r]
         for d in written.dead_letters:
-            self.log.warning("dead_lettered", stream_id=d["stream_id"], id=d.get("id"), reason=d["reason"], deliveries=int(d["deliveries"]))
+            self.log.warning("dead_lettered", stream_id=d["stream_id"], id=d.get("id"), reason=d["reason"],
+                             deliveries=int(d["deliveries"]))
+
+    def _on_window(self, m: WindowMetrics, w: Window) -> None:
+        """A window is written and acked: count it, log its line, free its slot in the reader."""
         self.status.add(batches=1, items=m.items, dead_lettered=m.dead_lettered)
-        self.summary.add(m)
-        self.log.info("batch", **m.line())
+        with self._summary_lock:
+            self.summary.add(m)
+        self.log.info("window", **m.line())
+        self.reader.settled(w)
 
     def _drop(self, w: Window) -> None:
         """A window read from a consumer group that is gone: its entries cannot be acked, so nothing is written."""
-        self.reader.in_flight.discard(w.ids, w.epoch)
         self.log.warning("window_dropped", entries=len(w.ids), source=w.source, reason="consumer group lost",
                          note="entries still in the stream after the recovery point are delivered again")
+        self.reader.settled(w)
+
+    def _maybe_summary(self, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._summary_lock:
+            line = self.summary.take(now) if force or self.summary.due(now) else None
+        if line is not None:
+            self.log.info("summary", **line)
 
     def _commit(self, outcome: Outcome, w: Window) -> Outcome | None:
         """Write + ack what is still ours; on Redis errors retry (forever, capped backoff).
@@ -294,8 +324,7 @@ class _Loop:
     # -------------------------------------------------------------- shutdown
     def _finish(self, why: str) -> None:
         self.shutdown.stop.set()
-        now = time.monotonic()
-        self.log.info("summary", **self.summary.take(now))
+        self._maybe_summary(force=True)
         self.keeper.stop()
         try:
             self.heartbeat.clear()
@@ -304,5 +333,5 @@ class _Loop:
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))
         totals = self.status.snapshot()
-        self.log.info("worker_stopped", reason=why, batches=self.batches, items=totals["items"],
+        self.log.info("worker_stopped", reason=why, windows=self.windows, items=totals["items"],
                       dead_lettered=totals["dead_lettered"])

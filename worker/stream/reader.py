@@ -1,11 +1,12 @@
 """The reader thread: decides what to read next (own pending -> reclaimed -> new), drains a
-window (up to N entries or until the wait bound), parses and tokenizes it, and hands
-it to the main loop through a queue of one.
+window (up to N entries or until the wait bound), parses and tokenizes it, and offers it
+to the loop: ``next_window()`` hands the next one over, ``settled(window)`` says it is
+written and acked (or dropped) and frees its slot.
 
 Why a thread: while the model runs on window k, the next read and tokenization
 (both mostly outside the GIL: socket waits, the Rust tokenizer) happen for window
-k+1. A permit (semaphore of 1) bounds the prefetch to exactly one window, so at
-most two windows are ever read-but-unacked by this process.
+k+1. Slots bound what is held: two windows with prefetch (one in the model, one
+ready), one without, so a process never holds more read-but-unacked entries.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Reader(threading.Thread):
         stop: threading.Event,
         log,
         drain: bool = False,
+        prefetch: bool = True,
         on_reconnect: Callable[[], None] | None = None,
     ):
         super().__init__(name="triage-reader", daemon=True)
@@ -96,8 +98,8 @@ class Reader(threading.Thread):
         self.log = log
         self.drain = drain
         self.on_reconnect = on_reconnect
-        self.queue: queue.Queue = queue.Queue(maxsize=1)
-        self.permit = threading.Semaphore(1)  # released by the main loop: after take (prefetch) or after write
+        self._ready: queue.Queue = queue.Queue()  # windows read and tokenized, then END / DRAINED / a crash
+        self._slots = threading.Semaphore(2 if prefetch else 1)  # windows held (ready or in the loop), not settled
         self.in_flight = InFlight()
         self.backoff = Backoff(reconnect_max_s)
         self._pending_cursor: str | None = "0"  # re-read own PEL first: at start and after every reconnect
@@ -114,24 +116,42 @@ class Reader(threading.Thread):
         self._claim_cursor = "0-0"
         self._next_claim_s = 0.0
 
+    # -------------------------------------------------------------- the loop's side
+    def next_window(self, timeout_s: float) -> Window | str | BaseException | None:
+        """The next window; ``END`` (stop requested, everything read was handed over), ``DRAINED`` (--drain:
+        nothing left), the exception the reader died of, or None when nothing came within ``timeout_s``."""
+        try:
+            return self._ready.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def settled(self, window: Window) -> None:
+        """Every entry of ``window`` is written and acked, or the window was dropped: forget its ids, free its slot."""
+        self.in_flight.discard(window.ids, window.epoch)
+        self._slots.release()
+
+    def held(self) -> list[str]:
+        """Ids this process holds in the current group epoch (read, not yet settled): the keeper keeps them fresh."""
+        return self.in_flight.snapshot(self.guard.epoch)
+
     # ----------------------------------------------------------------- thread
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                if not self.permit.acquire(timeout=0.2):
+                if not self._slots.acquire(timeout=0.2):
                     continue
                 window = self._next_window()
                 if window is None:
-                    self.permit.release()
+                    self._slots.release()
                     if self.drain and self._drained():
-                        self.queue.put(DRAINED)
+                        self._ready.put(DRAINED)
                         return
                     continue
-                self.queue.put(window)
-            self.queue.put(END)
+                self._ready.put(window)
+            self._ready.put(END)
         except BaseException as e:  # noqa: BLE001 - the main loop must learn the reader died
             self.log.exception("reader_crashed")
-            self.queue.put(e)
+            self._ready.put(e)
 
     # ------------------------------------------------------------------ reads
     def _next_window(self) -> Window | None:
