@@ -30,7 +30,7 @@ def stream_env(tiny_model_dir, redis_url, tmp_path_factory):
     prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
     yield make_env(
         tiny_model_dir, redis_url, prefix, tmp_path_factory.mktemp("cache"),
-        TRIAGE_CONSUMER=f"e2e-{uuid.uuid4().hex[:6]}", TRIAGE_MAX_BATCH_ITEMS=16, TRIAGE_MAX_WAIT_MS=30,
+        TRIAGE_CONSUMER=f"e2e-{uuid.uuid4().hex[:6]}", TRIAGE_WINDOW_MAX_ITEMS=16, TRIAGE_PASS_MAX_ITEMS=16, TRIAGE_MAX_WAIT_MS=30,
         TRIAGE_MAX_TEXT_BYTES=MAX_TEXT_BYTES, TRIAGE_MAX_INPUT_TOKENS=48, TRIAGE_LOG_SUMMARY_S=1,
         TRIAGE_MAX_DELIVERIES=2, TRIAGE_CLAIM_IDLE_MS=300,
     )
@@ -175,6 +175,24 @@ def test_latest_result_key_follows_entry_order_within_one_window(worker, stream_
     assert latest["stream_id"] == second, (order, latest)
     assert latest["status"] == ("ok" if order == "blank-then-good" else "dead_letter")
     assert {kind for kind, _ in settled.values()} == {"result", "dead"}
+
+
+def test_an_older_entry_written_later_does_not_replace_the_latest_result(worker, stream_env, r):
+    """The key answers the entry with the highest stream id: an older entry with the same ticket id that is
+    written later (reclaimed from a dead consumer here; a later pass of a window does the same) leaves it."""
+    stream, tid = stream_env["TRIAGE_INPUT_STREAM"], "reclaimed-late"
+    pipe = r.pipeline(transaction=True)  # the older entry goes to a consumer that dies with it
+    pipe.xadd(stream, {"id": tid, "text": "where is my parcel?"})
+    pipe.xreadgroup("triage", "ghost-late", {stream: ">"}, count=1)
+    older, delivered = pipe.execute()
+    assert delivered[0][1][0][0] == older
+    newer = r.xadd(stream, {"id": tid, "text": "   "})  # the live worker dead-letters it at once
+    wait_settled(r, stream_env, [newer], timeout_s=30)
+    assert json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + tid))["stream_id"] == newer
+    settled = wait_settled(r, stream_env, [older], timeout_s=30)  # reclaimed after TRIAGE_CLAIM_IDLE_MS, classified
+    assert settled[older][0] == "result"
+    latest = json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + tid))
+    assert latest["stream_id"] == newer and latest["status"] == "dead_letter", latest
 
 
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")

@@ -24,8 +24,8 @@ TEXT = "my parcel is late and the invoice is wrong, please help me with the refu
 
 
 def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_model_dir, tmp_path):
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_MAX_BATCH_ITEMS=WINDOW,
-                     TRIAGE_MAX_BATCH_TOKENS=10**6, TRIAGE_MAX_INPUT_TOKENS=512, TRIAGE_HEARTBEAT_TTL_S=1,
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=WINDOW, TRIAGE_PASS_MAX_ITEMS=WINDOW,
+                     TRIAGE_PASS_MAX_TOKENS=10**6, TRIAGE_MAX_INPUT_TOKENS=512, TRIAGE_HEARTBEAT_TTL_S=1,
                      TRIAGE_CLAIM_IDLE_MS=1500, TRIAGE_MAX_WAIT_MS=0)
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
     client = chaos_redis.client()

@@ -30,7 +30,7 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
     server: RedisServer = redis_server_factory(password=ADMIN_PASSWORD, acl_users={"triage-worker": WORKER_PASSWORD},
                                               acl_rules={"triage-worker": WORKER_ACL})
     env = worker_env(tiny_model_dir, server.url(user="triage-worker"), tmp_path,
-                     TRIAGE_MAX_BATCH_ITEMS=32, TRIAGE_RECONNECT_MAX_S=1, TRIAGE_MAX_INPUT_TOKENS=96,
+                     TRIAGE_WINDOW_MAX_ITEMS=32, TRIAGE_PASS_MAX_ITEMS=32, TRIAGE_RECONNECT_MAX_S=1, TRIAGE_MAX_INPUT_TOKENS=96,
                      TRIAGE_CONSUMER="restart-a")
     client = server.client()
     tickets = synth_tickets(n, seed=5, prefix="rr")

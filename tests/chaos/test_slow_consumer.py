@@ -49,7 +49,7 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
     n = sized(60, 2000)
     batch = 16
     claim_idle_ms = 2000
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_MAX_BATCH_ITEMS=batch, TRIAGE_MAX_WAIT_MS=0,
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=batch, TRIAGE_PASS_MAX_ITEMS=batch, TRIAGE_MAX_WAIT_MS=0,
                      TRIAGE_CLAIM_IDLE_MS=claim_idle_ms, TRIAGE_MAX_INPUT_TOKENS=64)
     client = chaos_redis.client()
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]

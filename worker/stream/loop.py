@@ -25,6 +25,7 @@ from worker.stream.shutdown import Shutdown
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink
 from worker.stream.source import StreamSource
 from worker.stream.window import Window, pass_outcome, rejections
+from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 
@@ -170,6 +171,8 @@ class _Loop:
             prefetch=settings.prefetch,
             on_reconnect=self._count_reconnect,
         )
+        self.writer = Writer(self._commit, on_written=self._on_written, on_window_done=self._on_window_done,
+                             max_queued=2)
         self.windows = 0
 
     def _count_reconnect(self) -> None:
@@ -189,6 +192,7 @@ class _Loop:
     def run(self) -> int:
         self.keeper.refresh = self._refresh  # the keeper now also keeps this process's in-flight entries fresh
         self.reader.start()
+        self.writer.start()
         self.log.info("worker_ready", heartbeat_key=self.heartbeat.key, results_stream=self.s.results_stream,
                       dead_letter_stream=self.s.dead_letter_stream)
         code, why = EXIT_OK, "stopped"
@@ -201,12 +205,12 @@ class _Loop:
             elif isinstance(item, Window):
                 try:
                     self._process(item)
-                except PartialWriteError as e:
-                    self.log.error("wrong_key_type", error=str(e), action="stopping: nothing of the window was written; "
-                                   "fix the key type, then restart")
-                    code, why = EXIT_FAILED, "a results or dead-letter key holds another type"
-                    break
-            elif item == END:
+                except WriterFailed:
+                    pass  # reported below
+            if self.writer.failed is not None:
+                code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
+                break
+            if item == END:
                 why = self.shutdown.reason or "stopped"
                 break
             elif item == DRAINED:
@@ -216,45 +220,61 @@ class _Loop:
                 code, why = EXIT_FAILED, f"reader crashed: {type(item).__name__}: {item}"
                 break
             self._maybe_summary()
+        if self.writer.failed is None:
+            self.status.set_phase("writing")
+            self.writer.close()  # everything handed over is written and acked before the exit
+            if self.writer.failed is not None:
+                code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
         self._finish(why)
         return code
 
+    def _writer_failed(self, e: BaseException) -> str:
+        if isinstance(e, PartialWriteError):
+            self.log.error("wrong_key_type", error=str(e), action="stopping: nothing of that write was written; "
+                           "fix the key type, then restart")
+            return "a results or dead-letter key holds another type"
+        self.log.error("writer_crashed", error=f"{type(e).__name__}: {e}")
+        return f"writer crashed: {type(e).__name__}: {e}"
+
     # ----------------------------------------------------------------- window
     def _process(self, w: Window) -> None:
-        """Run the window's passes, then write everything and ack in one step."""
+        """Run the window's passes; each pass's results go to the writer at once (the window's dead letters
+        with the first), so the write of pass k overlaps the forward of pass k+1."""
         if w.epoch != self.guard.epoch:
             self._drop(w)
             return
         self.windows += 1
-        m = WindowMetrics(window=self.windows, source=w.source, read_ms=w.read_ms, tokenize_ms=w.tokenize_ms,
-                          backlog=w.backlog, pending=w.pending)
-        outcome = rejections(w, worker=self.s.consumer, excerpt_bytes=self.s.dead_letter_excerpt_bytes)
+        job = WindowJob(w, WindowMetrics(window=self.windows, source=w.source, read_ms=w.read_ms,
+                                         tokenize_ms=w.tokenize_ms, backlog=w.backlog, pending=w.pending))
+        first = rejections(w, worker=self.s.consumer, excerpt_bytes=self.s.dead_letter_excerpt_bytes)
         plan = self.clf.plan(w.prepared) if w.prepared else []
+        if not plan:
+            self._put(PassWrite(job, first, last=True))
+            return
         passes = run_passes(self.clf.classify_passes, plan, w.prepared)
         for k in range(len(plan)):
+            if job.dropped or w.epoch != self.guard.epoch:  # the group was lost meanwhile: stop spending compute
+                job.dropped = True
+                self._put(PassWrite(job, last=True))
+                return
             self.status.set_phase("inferring")
             self.status.pass_started()
             try:
                 res = next(passes)
             finally:
                 self.status.pass_finished()
-            m.stats.items += res.stats.items
-            m.stats.merge(res.stats)
-            m.split_retries += res.split_retries
-            self._on_pass(m, k, res)
+            job.metrics.stats.items += res.stats.items
+            job.metrics.stats.merge(res.stats)
+            job.metrics.split_retries += res.split_retries
+            self._on_pass(job.metrics, k, res)
             out, _ = pass_outcome(w, res.indices, res.predictions, model=self.clf.model_name, worker=self.s.consumer,
                                   excerpt_bytes=self.s.dead_letter_excerpt_bytes)
-            outcome = Outcome(outcome.results + out.results, outcome.dead_letters + out.dead_letters,
-                              outcome.ack_ids + out.ack_ids)
-        self.status.set_phase("writing")
-        t0 = time.perf_counter()
-        written = self._commit(outcome, w)
-        if written is None:
-            self._drop(w)
-            return
-        m.write_ms = (time.perf_counter() - t0) * 1000
-        self._count_written(m, written)
-        self._on_window(m, w)
+            if k == 0:
+                out = Outcome(out.results, first.dead_letters + out.dead_letters, first.ack_ids + out.ack_ids)
+            self._put(PassWrite(job, out, last=k == len(plan) - 1))
+
+    def _put(self, item: PassWrite) -> None:
+        self.writer.put(item, on_wait=lambda: self.status.set_phase("writing"))
 
     def _on_pass(self, m: WindowMetrics, index: int, res: PassResult) -> None:
         """After each forward call (main thread)."""
@@ -263,7 +283,9 @@ class _Loop:
                              failed_alone=sum(isinstance(p, Exception) for p in res.predictions))
         self.log.info("pass", **pass_line(m.window, index, res.stats, split_retries=res.split_retries))
 
-    def _count_written(self, m: WindowMetrics, written: Outcome) -> None:
+    def _on_written(self, job: WindowJob, written: Outcome) -> None:
+        """After each write (writer thread): count what was written and acked."""
+        m = job.metrics
         m.items += len(written.results)
         m.dead_lettered += len(written.dead_letters)
         m.latencies_ms += [float(r["latency_ms"]) for r in written.results if "latency_ms" in r]
@@ -271,16 +293,20 @@ class _Loop:
             self.log.warning("dead_lettered", stream_id=d["stream_id"], id=d.get("id"), reason=d["reason"],
                              deliveries=int(d["deliveries"]))
 
-    def _on_window(self, m: WindowMetrics, w: Window) -> None:
-        """A window is written and acked: count it, log its line, free its slot in the reader."""
+    def _on_window_done(self, job: WindowJob) -> None:
+        """After a window's last write (writer thread): count it, log its line, free its slot in the reader."""
+        if job.dropped:
+            self._drop(job.window)
+            return
+        m = job.metrics
         self.status.add(batches=1, items=m.items, dead_lettered=m.dead_lettered)
         with self._summary_lock:
             self.summary.add(m)
         self.log.info("window", **m.line())
-        self.reader.settled(w)
+        self.reader.settled(job.window)
 
     def _drop(self, w: Window) -> None:
-        """A window read from a consumer group that is gone: its entries cannot be acked, so nothing is written."""
+        """A window read from a consumer group that is gone: its entries cannot be acked, so nothing more is written."""
         self.log.warning("window_dropped", entries=len(w.ids), source=w.source, reason="consumer group lost",
                          note="entries still in the stream after the recovery point are delivered again")
         self.reader.settled(w)

@@ -109,6 +109,15 @@ for k = 8, 7 + n_ids do
     gone[id] = true
   end
 end
+-- the latest-result key answers the entry with the highest stream id: an older entry's record (a later pass
+-- of the same window, a reclaimed duplicate, a slow worker) never replaces a newer one's
+local function holds_later(key, sid)
+  if not split(sid) then return false end
+  local cur = redis.pcall('GET', key)
+  if type(cur) ~= 'string' then return false end
+  local cur_sid = string.match(cur, '"stream_id": "(%d+%-%d+)"')
+  return cur_sid ~= nil and id_less(sid, cur_sid)
+end
 local kidx, written, err = 5, 0, ''
 local function try(...)
   local r = redis.pcall(...)
@@ -128,7 +137,7 @@ while i <= #ARGV do
     local target, maxlen = KEYS[2], ARGV[3]
     if kind == 'd' then target, maxlen = KEYS[3], ARGV[4] end
     try('XADD', target, 'MAXLEN', '~', maxlen, '*', unpack(fields))
-    if key then try('SET', key, value, 'EX', ARGV[5]) end
+    if key and not holds_later(key, sid) then try('SET', key, value, 'EX', ARGV[5]) end
     written = written + 1
   end
 end
