@@ -119,7 +119,8 @@ def test_fuzz_parser_never_raises_and_always_explains(fields, stream_id, limit):
 @settings(max_examples=200, deadline=None)
 @given(
     st.text(min_size=1, max_size=200).filter(lambda s: s.strip()),
-    st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FFF, exclude_categories=("Cc", "Cs")),
+    st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FFF,
+                                                        exclude_categories=("Cc", "Cs")),
                                  min_size=1, max_size=40).filter(lambda s: s.strip())),
     st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3)),
 )

@@ -43,7 +43,8 @@ def test_kill9_mid_batch_then_second_worker_reclaims_everything(triage_env, redi
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     victim, rescuer = f"victim-{uuid.uuid4().hex[:6]}", f"rescuer-{uuid.uuid4().hex[:6]}"
     ids = push(r, triage_env, 60, "k")
-    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_WINDOW_MAX_ITEMS=8, TRIAGE_PASS_MAX_ITEMS=8)) as a:
+    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_WINDOW_MAX_ITEMS=8,
+                      TRIAGE_PASS_MAX_ITEMS=8)) as a:
         # the rescuer's start-up (seconds of imports) overlaps the victim's last moments;
         # it cannot read anything before the victim is frozen a few milliseconds from now
         b = start_worker(env_with(triage_env, TRIAGE_CONSUMER=rescuer, TRIAGE_CLAIM_IDLE_MS=300), "run", "--drain", ready=False)

@@ -134,8 +134,10 @@ class Settings(BaseSettings):
         "and SHA-256), not the whole payload."
     )
     drain_redis_timeout_s: float = Field(
-        30.0, gt=0, description="--drain only: give up with exit code 3 when Redis cannot be reached at start-up for this "
-        "long (run mode waits for Redis as long as it takes)."
+        30.0,
+        gt=0,
+        description="--drain only: give up with exit code 3 when Redis cannot be reached at start-up for this long "
+        "(run mode waits for Redis as long as it takes).",
     )
     input_trim: bool = Field(
         True,

@@ -33,7 +33,8 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
     batch = 64
     results_maxlen, dead_maxlen = n // 4, bad // 3
     server = redis_server_factory(appendonly=False)  # a memory test: skip fsync so the backlog loads fast
-    env = worker_env(tiny_model_dir, server.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=batch, TRIAGE_PASS_MAX_ITEMS=batch, TRIAGE_MAX_INPUT_TOKENS=32,
+    env = worker_env(tiny_model_dir, server.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=batch,
+                     TRIAGE_PASS_MAX_ITEMS=batch, TRIAGE_MAX_INPUT_TOKENS=32,
                      TRIAGE_RESULTS_MAXLEN=results_maxlen, TRIAGE_DEAD_LETTER_MAXLEN=dead_maxlen,
                      TRIAGE_CONSUMER="backlog-a", TRIAGE_LOG_SUMMARY_S=5)
     client = server.client()

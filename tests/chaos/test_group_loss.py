@@ -21,7 +21,8 @@ GROUP = "triage"
 def test_redis_restart_without_data_recovers_and_classifies_new_tickets(launch, redis_server_factory, tiny_model_dir,
                                                                        tmp_path):
     server = redis_server_factory(appendonly=False)  # save "" too: a restart comes back empty
-    env = worker_env(tiny_model_dir, server.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=32, TRIAGE_PASS_MAX_ITEMS=32, TRIAGE_RECONNECT_MAX_S=1,
+    env = worker_env(tiny_model_dir, server.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=32,
+                     TRIAGE_PASS_MAX_ITEMS=32, TRIAGE_RECONNECT_MAX_S=1,
                      TRIAGE_MAX_INPUT_TOKENS=96, TRIAGE_CONSUMER="lossy-a")
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
     before = synth_tickets(sized(1500, 3000), seed=21, prefix="pre")
@@ -48,7 +49,8 @@ def test_redis_restart_without_data_recovers_and_classifies_new_tickets(launch, 
 
 def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, tmp_path):
     """`XGROUP DESTROY` with a short claim idle (the write of every window checks ownership)."""
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=32, TRIAGE_PASS_MAX_ITEMS=32, TRIAGE_CLAIM_IDLE_MS=200,
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=32,
+                     TRIAGE_PASS_MAX_ITEMS=32, TRIAGE_CLAIM_IDLE_MS=200,
                      TRIAGE_MAX_INPUT_TOKENS=96, TRIAGE_CONSUMER="destroyed-a", TRIAGE_MAX_DELIVERIES=1000)
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
     client = chaos_redis.client()

@@ -19,7 +19,8 @@ def _drain(launch, env) -> None:
 
 
 def test_input_stream_is_trimmed_below_what_every_group_needs(launch, chaos_redis, tiny_model_dir, tmp_path):
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=64, TRIAGE_PASS_MAX_ITEMS=64, TRIAGE_MAX_INPUT_TOKENS=48)
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=64,
+                     TRIAGE_PASS_MAX_ITEMS=64, TRIAGE_MAX_INPUT_TOKENS=48)
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
     client = chaos_redis.client()
     first = synth_tickets(1000, seed=31, prefix="a")

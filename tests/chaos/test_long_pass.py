@@ -24,7 +24,8 @@ TEXT = "my parcel is late and the invoice is wrong, please help me with the refu
 
 
 def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_model_dir, tmp_path):
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=WINDOW, TRIAGE_PASS_MAX_ITEMS=WINDOW,
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=WINDOW,
+                     TRIAGE_PASS_MAX_ITEMS=WINDOW,
                      TRIAGE_PASS_MAX_TOKENS=10**6, TRIAGE_MAX_INPUT_TOKENS=512, TRIAGE_HEARTBEAT_TTL_S=1,
                      TRIAGE_CLAIM_IDLE_MS=1500, TRIAGE_MAX_WAIT_MS=0)
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
@@ -57,7 +58,8 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_mode
     phases = {s.get("phase") for s in samples}
     assert "inferring" in phases, phases
     inferring = [s for s in samples if s.get("phase") == "inferring"]
-    assert all(isinstance(s.get("pass_started_at_ms"), int) and s["phase_since_ms"] <= s["beat_at_ms"] for s in inferring)
+    assert all(isinstance(s.get("pass_started_at_ms"), int) and s["phase_since_ms"] <= s["beat_at_ms"]
+               for s in inferring)
     assert all(k in samples[-1] for k in ("batches", "items", "dead_lettered"))
     claimed = [e for w in (a, b) for e in w.events("entries_claimed")]
     assert claimed == [], f"a live worker's entries were reclaimed: {claimed}"

@@ -53,7 +53,8 @@ class GroupGuard:
             self.log.warning(
                 "group_recreated", op=op, error=f"{type(error).__name__}: {error}", epoch=self.epoch,
                 start_id=start if start is not None else "(recreated by another worker)",
-                note="windows read from the lost group are dropped; entries after the recovery point are delivered again",
+                note="windows read from the lost group are dropped; entries after the recovery point are "
+                "delivered again",
             )
             for fn in self._listeners:
                 fn()

@@ -102,9 +102,10 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 return "config"
             waited_s = time.monotonic() - t0
             if backoff.attempt == 0:
-                log.warning("waiting_for_redis", redis_url=mask_url(settings.redis_url), error=f"{type(e).__name__}: {e}",
-                            note="the model is loaded once Redis answers" + (
-                                f"; --drain gives up after {give_up_s:g} s (TRIAGE_DRAIN_REDIS_TIMEOUT_S)" if give_up_s else ""))
+                give_up = (f"; --drain gives up after {give_up_s:g} s (TRIAGE_DRAIN_REDIS_TIMEOUT_S)"
+                           if give_up_s else "")
+                log.warning("waiting_for_redis", redis_url=mask_url(settings.redis_url),
+                            error=f"{type(e).__name__}: {e}", note="the model is loaded once Redis answers" + give_up)
             if give_up_s is not None and waited_s >= give_up_s:
                 log.error("redis_unreachable", redis_url=mask_url(settings.redis_url), waited_s=round(waited_s, 1),
                           error=f"{type(e).__name__}: {e}",
@@ -328,7 +329,8 @@ class _Loop:
                 written = self.sink.write(outcome)
                 if written.not_ours:
                     self.log.warning("entries_not_ours_anymore", count=len(written.not_ours), retry=backoff.attempt,
-                                     note="acked by an earlier attempt, or reclaimed by another worker: not written again")
+                                     note="acked by an earlier attempt, or reclaimed by another worker: "
+                                     "not written again")
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")
                 return written.outcome

@@ -128,7 +128,8 @@ def _bad_id(ticket_id: str) -> str | None:
         return f"id is longer than {MAX_ID_BYTES} bytes"
     for pos, c in enumerate(ticket_id):
         if _is_control(c):
-            return f"id contains control characters (U+{ord(c):04X} at position {pos}; newline, tab, NUL, DEL and U+0080-U+009F are not allowed)"
+            return (f"id contains control characters (U+{ord(c):04X} at position {pos}; newline, tab, NUL, DEL and "
+                    "U+0080-U+009F are not allowed)")
     return None
 
 
@@ -142,7 +143,8 @@ def _bad_meta(meta: str) -> str | None:
     try:
         value = json.loads(meta)
     except RecursionError:  # valid or not, the parser gave up on the depth before it could tell
-        return "meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); send a flatter JSON object"
+        return ("meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); "
+                "send a flatter JSON object")
     except ValueError as e:
         detail = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
         return f"meta is not valid JSON ({detail}); send a JSON object such as {{\"customer\": 42}} or omit it"

@@ -50,7 +50,7 @@ def result_fields(
     return fields
 
 
-DEAD_LETTER_EXCERPT_BYTES = 4096  # default bound of the payload excerpt in a dead letter (TRIAGE_DEAD_LETTER_EXCERPT_BYTES)
+DEAD_LETTER_EXCERPT_BYTES = 4096  # default bound of a dead letter's payload excerpt (TRIAGE_DEAD_LETTER_EXCERPT_BYTES)
 _EXCERPT_MAX_FIELDS = 32
 _EXCERPT_MAX_NAME = 64
 

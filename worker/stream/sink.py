@@ -103,7 +103,8 @@ class ResultSink:
         With a ``consumer``, only entries still pending on it are written and acked."""
         if not outcome:
             return Written(Outcome(), [])
-        keys = [self.input_stream, self.results_stream, self.dead_letter_stream, recovery_key(self.input_stream, self.group)]
+        keys = [self.input_stream, self.results_stream, self.dead_letter_stream,
+                recovery_key(self.input_stream, self.group)]
         args: list = [self.group, self.consumer or "", self.results_maxlen, self.dead_letter_maxlen, self.result_ttl_s,
                       1 if self.trim_input else 0, len(outcome.ack_ids), *outcome.ack_ids]
         for kind, rec in _records(outcome):
