@@ -33,6 +33,7 @@ def test_redis_restart_without_data_recovers_and_classifies_new_tickets(launch, 
         server.crash()
         time.sleep(2.0)  # down longer than a window: the write of the window in hand fails and is retried
         server.start()  # empty: the stream, the group, results, everything is gone
+        back_ms = time.time() * 1000
         after = synth_tickets(sized(200, 1000), seed=22, prefix="post")
         push(server.client(), stream, after)
         wait_until(lambda: tally(server.client(), results, dead, [t["id"] for t in after]).lost == [],
@@ -44,7 +45,8 @@ def test_redis_restart_without_data_recovers_and_classifies_new_tickets(launch, 
     assert server.client().xpending(stream, GROUP)["pending"] == 0
     record("group_loss_restart", tickets_before=len(before), tickets_after=len(after), lost_after=len(t.lost),
            duplicates_after=t.duplicates, recreated=len(w.events("group_recreated")),
-           windows_dropped=len(w.events("window_dropped")))
+           windows_dropped=len(w.events("window_dropped")),
+           first_result_after_restart_s=round((t.first_ms - back_ms) / 1000, 2))
 
 
 def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, tmp_path):
@@ -60,6 +62,7 @@ def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, t
         wait_until(lambda: count_done(client, results, dead) >= 96, timeout_s=120, interval_s=0.05,
                    what="a few windows written before the destroy")
         client.xgroup_destroy(stream, GROUP)
+        destroyed_ms = time.time() * 1000
         after = synth_tickets(sized(200, 1000), seed=24, prefix="post")
         push(client, stream, after)
         everyone = [t["id"] for t in before + after]
@@ -73,5 +76,8 @@ def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, t
     # (before: the whole stream was replayed, 896 duplicates in the run)
     assert t.duplicates <= 2 * 32, t.duplicates
     assert client.xlen(stream) <= 200 + 2 * 32, "settled entries are trimmed from the input stream"
+    after_t = tally(client, results, dead, [x["id"] for x in after])
     record("group_loss_destroy", tickets=len(everyone), lost=len(t.lost), duplicates=t.duplicates,
-           recreated=len(w.events("group_recreated")), windows_dropped=len(w.events("window_dropped")))
+           recreated=len(w.events("group_recreated")), windows_dropped=len(w.events("window_dropped")),
+           first_result_after_destroy_s=round((after_t.first_ms - destroyed_ms) / 1000, 2),
+           input_xlen_after=client.xlen(stream))
