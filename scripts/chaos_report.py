@@ -91,11 +91,12 @@ def table(rows: list[dict]) -> str:
             f"{_f(r['tickets_before'])} / {_f(r['tickets_after'])}")
         add("group lost", "after the restart: lost / duplicates / windows dropped",
             f"{r['lost_after']} / {r['duplicates_after']} / {r['windows_dropped']}")
-        add("group lost", "first result after the restart s", r["first_result_after_restart_s"])
+        add("group lost", "Redis back -> group recreated / first result s",
+            f"{r['group_recreated_after_s']} / {r['first_result_after_restart_s']}")
     for r in by.get("group_loss_destroy", []):
         add("group lost", "XGROUP DESTROY: tickets / lost / duplicates",
             f"{_f(r['tickets'])} / {r['lost']} / {r['duplicates']}")
-        add("group lost", "first result after the destroy s", r["first_result_after_destroy_s"])
+        add("group lost", "destroy -> group recreated s", r["group_recreated_after_s"])
     for r in by.get("input_trim", []):
         add("input trim", "XLEN: lagging group / trimmed / TRIAGE_INPUT_TRIM=false",
             f"{r['xlen_with_lagging_group']} / {r['xlen_trimmed']} / {r['xlen_untrimmed']}")

@@ -11,9 +11,10 @@ the only part that recreated the group, waited for the loop: no ticket was class
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from tests.chaos.conftest import worker_env
-from tests.chaos.harness import count_done, push, record, sized, synth_tickets, tally, wait_until
+from tests.chaos.harness import count_done, push, read_stream, record, sized, synth_tickets, tally, wait_until
 
 GROUP = "triage"
 
@@ -46,6 +47,7 @@ def test_redis_restart_without_data_recovers_and_classifies_new_tickets(launch, 
     record("group_loss_restart", tickets_before=len(before), tickets_after=len(after), lost_after=len(t.lost),
            duplicates_after=t.duplicates, recreated=len(w.events("group_recreated")),
            windows_dropped=len(w.events("window_dropped")),
+           group_recreated_after_s=_event_s(w, "group_recreated", back_ms),
            first_result_after_restart_s=round((t.first_ms - back_ms) / 1000, 2))
 
 
@@ -76,8 +78,17 @@ def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, t
     # (before: the whole stream was replayed, 896 duplicates in the issue's run)
     assert t.duplicates <= 2 * 32, t.duplicates
     assert client.xlen(stream) <= 200 + 2 * 32, "settled entries are trimmed from the input stream"
-    after_t = tally(client, results, dead, [x["id"] for x in after])
+    post_ids = {x["id"] for x in after}
+    first_post_ms = min(int(f["classified_at_ms"]) for _, f in read_stream(client, results) if f["id"] in post_ids)
     record("group_loss_destroy", tickets=len(everyone), lost=len(t.lost), duplicates=t.duplicates,
            recreated=len(w.events("group_recreated")), windows_dropped=len(w.events("window_dropped")),
-           first_result_after_destroy_s=round((after_t.first_ms - destroyed_ms) / 1000, 2),
+           group_recreated_after_s=_event_s(w, "group_recreated", destroyed_ms),
+           first_result_after_destroy_s=round((first_post_ms - destroyed_ms) / 1000, 2),
            input_xlen_after=client.xlen(stream))
+
+
+def _event_s(w, event: str, since_ms: float) -> float:
+    """Seconds from ``since_ms`` (Unix ms) to the worker's first ``event`` log line."""
+    stamp = w.events(event)[0]["timestamp"]
+    at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000
+    return round((at - since_ms) / 1000, 2)
