@@ -201,3 +201,21 @@ def test_run_waits_for_redis_before_loading_the_model(triage_env):
         assert not w.events("model_loaded"), "Redis must be checked before the model loads"
         assert w.stop() == 0, w.stderr_tail()
     assert w.events("waiting_for_redis") and w.events("worker_stopped")
+
+
+def test_results_key_of_another_type_stops_the_worker_before_anything_is_written(triage_env, redis_url):
+    """Somebody replaces the results stream by a string while the worker runs: the settle script checks the
+    key types first, so nothing of the window is written or acked; the worker stops (exit 1) for an operator."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=f"wt-{uuid.uuid4().hex[:6]}")) as w:
+        r.set(triage_env["TRIAGE_RESULTS_STREAM"], "not a stream")
+        ids = push(r, triage_env, 3, "wrongtype")
+        assert w.wait(timeout_s=60) == 1, w.stderr_tail()
+    assert w.events("wrong_key_type"), w.stderr_tail()
+    assert r.get(triage_env["TRIAGE_RESULTS_STREAM"]) == "not a stream"
+    dead = triage_env["TRIAGE_DEAD_LETTER_STREAM"]
+    assert not r.exists(dead) or r.xlen(dead) == 0
+    pending = {e["message_id"] for e in r.xpending_range(triage_env["TRIAGE_INPUT_STREAM"], GROUP, "-", "+", 10)}
+    assert pending == set(ids), "nothing may be acked without its result"
+    for i in range(3):
+        assert r.get(triage_env["TRIAGE_RESULT_KEY_PREFIX"] + f"wrongtype-{i}") is None
