@@ -1,12 +1,13 @@
-"""The run loop: take a window from the reader, classify it, write + ack it in one
-transaction, log one line; keep the heartbeat alive; stop warm or cold.
+"""The run loop: take a window from the reader, run its passes, hand each pass's results to the
+writer (results + acks in one atomic step per pass), log one line per pass and per window;
+stop warm or cold. Four threads: this one (passes), the reader (reads + tokenizes ahead), the
+writer (writes behind), the keeper (heartbeat, refresh of the entries held).
 
-Write failures (Redis gone) are retried with capped backoff for the window in
-hand. Every write (the settle script, see sink.py) writes and acks only the
-entries still pending on this consumer: if a lost reply hid a commit, nothing is
-written twice; if another worker reclaimed them meanwhile, that worker owns them
-now. A lost consumer group (NOGROUP) is handed to the GroupGuard, which recreates
-it; the windows read from the lost group are dropped.
+Write failures (Redis gone) are retried with capped backoff. Every write (the settle script,
+see sink.py) writes and acks only the entries still pending on this consumer: if a lost reply
+hid a commit, nothing is written twice; if another worker reclaimed them meanwhile, that
+worker owns them now. A lost consumer group (NOGROUP) is handed to the GroupGuard, which
+recreates it; the windows read from the lost group are dropped.
 """
 
 from __future__ import annotations
