@@ -1,10 +1,10 @@
 """Run the engine on a window pass by pass, so that one bad ticket cannot fail its neighbours.
 
-The window's tickets are planned into passes (length buckets, ``Classifier.plan``) and
-each pass runs on its own (``Classifier.classify_passes``), so its results can be written
-before the next pass runs. If a pass raises, its tickets are re-run alone: the ones that
-pass get their label, the ones that still fail come back as the exception (the caller
-dead-letters them with it as the reason). Pure: no torch (the classifier is passed in).
+The window's tickets are planned into passes (length buckets, ``Classifier.plan``) and run
+by ``Classifier.classify_passes``, which hands back one pass at a time, so its results can
+be written while the next pass runs. If a pass raises, its tickets are re-run alone: the
+ones that pass get their label, the ones that still fail come back as the exception (the
+caller dead-letters them with it as the reason). Pure: no torch (the classifier is passed in).
 """
 
 from __future__ import annotations
@@ -30,25 +30,36 @@ class PassResult:
 
 
 def run_passes(classify_passes: PassesFn, plan: Sequence[Pass], items: Sequence[Prepared]) -> Iterator[PassResult]:
-    """Each planned pass in order; a pass that raises is re-run ticket by ticket."""
-    for p in plan:
-        stats = RunStats()
+    """Each planned pass in order, from one ``classify_passes`` call over the whole plan (so an engine that
+    queues pass k+1 before handing back pass k keeps doing so); a pass that raises is re-run ticket by
+    ticket, and the passes after it continue in a new call."""
+    todo = list(plan)
+    while todo:
+        done = 0
         try:
-            indices, preds, cost = next(iter(classify_passes(items, [p])))
-            stats.add(cost)
-            yield PassResult(tuple(indices), list(preds), stats)
-            continue
+            for indices, preds, cost in classify_passes(items, todo):
+                stats = RunStats()
+                stats.add(cost)
+                done += 1
+                yield PassResult(tuple(indices), list(preds), stats)
+            return
         except Exception as pass_error:  # noqa: BLE001 - isolated below
-            if p.size == 1:
-                yield PassResult(p.indices, [pass_error], stats)
-                continue
-        out: list[Prediction | Exception] = []
-        for i, length in zip(p.indices, p.lengths):
-            try:
-                _, preds, cost = next(iter(classify_passes(items, [Pass((i,), (length,))])))
-            except Exception as e:  # noqa: BLE001 - this ticket's own failure
-                out.append(e)
-                continue
-            out.append(preds[0])
-            stats.add(cost)
-        yield PassResult(p.indices, out, stats, split_retries=p.size)
+            failed, todo = todo[done], todo[done + 1 :]
+            yield _one_by_one(classify_passes, failed, items, pass_error)
+
+
+def _one_by_one(classify_passes: PassesFn, p: Pass, items: Sequence[Prepared], pass_error: Exception) -> PassResult:
+    """The tickets of a failed pass, each in a forward call of its own: its own prediction or its own error."""
+    stats = RunStats()
+    if p.size == 1:
+        return PassResult(p.indices, [pass_error], stats)
+    out: list[Prediction | Exception] = []
+    for i, length in zip(p.indices, p.lengths):
+        try:
+            _, preds, cost = next(iter(classify_passes(items, [Pass((i,), (length,))])))
+        except Exception as e:  # noqa: BLE001 - this ticket's own failure
+            out.append(e)
+            continue
+        out.append(preds[0])
+        stats.add(cost)
+    return PassResult(p.indices, out, stats, split_retries=p.size)
