@@ -146,6 +146,21 @@ class Settings(BaseSettings):
 
     # --- stream worker (worker/stream) ------------------------------------
     prefetch: bool = Field(True, description="Read + tokenize the next window while the model runs the current one.")
+    dead_letter_excerpt_bytes: int = Field(
+        4096, ge=256, description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
+        "and SHA-256), not the whole payload."
+    )
+    drain_redis_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="--drain only: give up with exit code 3 when Redis cannot be reached at start-up for this long "
+        "(run mode waits for Redis as long as it takes).",
+    )
+    input_trim: bool = Field(
+        True,
+        description="Each write trims the input stream below the oldest entry any consumer group still needs "
+        "(XTRIM MINID ~), so acknowledged tickets do not pile up; false: they stay until you trim.",
+    )
 
     # --- RQ integration (worker.rqbatch) ----------------------------------
     rq_allowed_callbacks: str | None = Field(

@@ -1,8 +1,9 @@
-"""Run the long-lived worker: read tickets from the input stream (consumer group), classify
-them in length-bucketed batches, write results + ack in one transaction, log one JSON
-line per batch. Configured by TRIAGE_* environment variables (see docs/worker.md).
+"""Run the long-lived worker: read tickets from the input stream (consumer group) in windows,
+classify them in length-bucketed passes, write each pass's results + acks in one atomic step,
+log one JSON line per pass and per window. Configured by TRIAGE_* environment variables (see
+docs/worker.md).
 
-First SIGTERM/SIGINT: finish and ack the batch in hand, exit 0. Second: exit at once.
+First SIGTERM/SIGINT: finish and ack the windows in hand, exit 0. Second: exit at once.
 """
 
 from __future__ import annotations
