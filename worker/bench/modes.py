@@ -248,7 +248,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
             out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
             return out
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
-        batches = [e for e in events if e.get("event") == "batch"]  # one line per window
+        batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0
         out.update(
             wall_s=wall_s,

@@ -263,7 +263,6 @@ class _Loop:
                 job.dropped = True
                 self._put(PassWrite(job, last=True))
                 return
-            self.status.set_phase("inferring")
             self.status.pass_started()
             try:
                 res = next(passes)
