@@ -63,6 +63,14 @@ def job_result(pred, model: str) -> dict[str, Any]:
     }
 
 
+def rq_stream_id(job_id: str) -> str:
+    """The results stream's de-duplication key (``stream_id``) for an RQ job: ``rq:<job id>``.
+
+    Stream-worker results carry the input entry id there; an RQ job has no entry, and a
+    job re-run after a crash keeps its id, so its id is what identifies "the same ticket"."""
+    return f"rq:{job_id}"
+
+
 def latency_ms(job) -> float | None:
     """Enqueue-to-label time of an RQ job, for the results stream."""
     if job is None or job.enqueued_at is None:
@@ -95,7 +103,10 @@ def classify(ticket: Mapping[str, Any] | str) -> dict[str, Any]:
     pred = clf.classify([item])[0][0]
     job = get_current_job()
     if job is not None:
-        fields = result_fields(job.id, pred, latency_ms=latency_ms(job), model=clf.model_name, worker=job.worker_name or "")
+        fields = result_fields(
+            job.id, pred, latency_ms=latency_ms(job), model=clf.model_name, worker=job.worker_name or "",
+            stream_id=rq_stream_id(job.id),
+        )
         job.connection.xadd(settings.results_stream, fields, maxlen=settings.results_maxlen, approximate=True)
     return job_result(pred, clf.model_name)
 

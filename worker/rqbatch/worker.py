@@ -110,18 +110,25 @@ class BatchWorker(BaseWorker):
         t0 = time.perf_counter()
         for e in entries:  # before anything is recorded: pure checks, nothing of the job runs
             check_job(e, self.settings.max_text_bytes, self.allowed_callbacks)
-        outcome.start(self, entries, self.get_heartbeat_ttl(entries[0].job))
-        with BatchHeartbeat(self, entries):  # until every callback has run; recording is quick
-            stats = self._classify(entries)
-            ended = now()
-            for e in entries:
-                e.job.ended_at = ended
-            outcome.run_callbacks(self, entries)
-        ok = [e for e in entries if e.error is None]
+        refused = [e for e in entries if e.error is not None]
+        for e in refused:  # failed before any job is STARTED: a crash in the pass cannot leave them "abandoned"
+            outcome.fail_unstarted(self, e)
+        accepted = [e for e in entries if e.error is None]
+        stats = None
+        if accepted:
+            outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
+            with BatchHeartbeat(self, accepted):  # until every callback has run; recording is quick
+                stats = self._classify(accepted)
+                ended = now()
+                for e in accepted:
+                    e.job.ended_at = ended
+                outcome.run_callbacks(self, accepted)
+        ok = [e for e in accepted if e.error is None]
         failed = [e for e in entries if e.error is not None]
         outcome.succeed(self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name)
-        for e in failed:
-            outcome.fail(self, e)
+        for e in accepted:
+            if e.error is not None:
+                outcome.fail(self, e)
         self.tlog.info(
             "rq_batch",
             jobs=len(entries),
