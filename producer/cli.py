@@ -184,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from worker.redact import install_excepthook, register_env_secrets, register_url_secrets
+
+    install_excepthook()
+    register_env_secrets()
     args = build_parser().parse_args(argv)
+    register_url_secrets(args.redis_url)
     from producer.client import BacklogFull
 
     try:

@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from worker.redact import install_excepthook, register_env_secrets
+
+    install_excepthook()
+    register_env_secrets()
     args = build_parser().parse_args(argv)
     return int(args._run(args) or 0)
 

@@ -2,34 +2,36 @@
 (rq, redis, transformers) go through the same processors and the same renderer.
 
 Why: ops read one stream of JSON lines (or a readable console when a person
-is watching a TTY), never a mix of formats. Passwords in URLs are masked in
-every value before rendering, whoever logged them.
+is watching a TTY), never a mix of formats. Secrets (URL passwords in any form,
+``password=`` pairs, the configured Redis password itself) are masked in every
+rendered line, whoever logged them; tracebacks never show local variables.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from typing import Any, TextIO
 
 import structlog
 import structlog.tracebacks
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]+)@", re.I)
-
-
-def mask_url(text: str) -> str:
-    """``redis://user:secret@host`` -> ``redis://user:***@host`` (anything else unchanged)."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
-
+from worker.redact import mask_secrets, mask_url, register_env_secrets  # noqa: F401  (mask_url: re-exported)
 
 def _mask_credentials(_logger: Any, _name: str, event_dict: dict) -> dict:
     for k, v in event_dict.items():
-        if isinstance(v, str) and "@" in v and "://" in v:
-            event_dict[k] = mask_url(v)
+        if isinstance(v, str):
+            event_dict[k] = mask_secrets(v)
     return event_dict
+
+
+class _MaskingFormatter(structlog.stdlib.ProcessorFormatter):
+    """The last word on every rendered line (JSON or console, structlog or stdlib): secrets masked,
+    whatever field, exception text or traceback they came in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
 
 
 def _want_json(fmt: str, stream: TextIO) -> bool:
@@ -48,6 +50,7 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
     "auto" (console on a TTY, JSON otherwise). Safe to call again (reconfigures).
     """
     stream = stream or sys.stderr
+    register_env_secrets()  # TRIAGE_REDIS_URL's password is masked even where only its value shows up
     if isinstance(level, str):
         level = logging.getLevelName(level.upper())
         if not isinstance(level, int):
@@ -65,9 +68,12 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
         # No locals in tracebacks: they could hold settings with credentials.
         final = [structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))]
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=getattr(stream, "isatty", lambda: False)())
+        # Plain tracebacks, never rich's "show locals" (it printed a URL password three times).
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=getattr(stream, "isatty", lambda: False)(), exception_formatter=structlog.dev.plain_traceback
+        )
         final = []
-    formatter = structlog.stdlib.ProcessorFormatter(
+    formatter = _MaskingFormatter(
         foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final, renderer],
     )
