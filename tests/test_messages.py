@@ -76,6 +76,12 @@ def test_bad_entries_are_rejected_with_a_readable_reason(fields, words):
     assert r.stream_id == SID
 
 
+def test_too_deeply_nested_meta_is_not_called_invalid_json():
+    deep = b"[" * 5000 + b"]" * 5000  # valid JSON, deeper than the parser goes
+    r = parse({b"text": b"ok", b"meta": deep}, max_text_bytes=20_000)
+    assert isinstance(r, Rejected) and "nested too deeply" in r.reason and "not valid JSON" not in r.reason
+
+
 def test_rejection_keeps_the_ticket_id_when_it_is_known():
     assert parse({b"id": b"T-5", b"text": b""}).ticket_id == "T-5"
     assert parse({b"id": b"", b"text": b"x"}).ticket_id is None

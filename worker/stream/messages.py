@@ -134,7 +134,9 @@ def _bad_id(ticket_id: str) -> str | None:
 def _bad_meta(meta: str) -> str | None:
     try:
         value = json.loads(meta)
-    except (ValueError, RecursionError) as e:
+    except RecursionError:  # may well be valid JSON: the parser gave up on the depth, not the syntax
+        return "meta is nested too deeply to read (about 1,000 levels or more); send a flatter JSON object"
+    except ValueError as e:
         detail = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
         return f"meta is not valid JSON ({detail}); send a JSON object such as {{\"customer\": 42}} or omit it"
     if not isinstance(value, dict):
