@@ -58,7 +58,7 @@ def cmd_send(args) -> int:
                 f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
     print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
     if args.wait_s:
-        return _report_wait(client, [s.ticket_id for s in sent], args.wait_s, quiet=True)
+        return _report_wait(client, sent, args.wait_s, quiet=True)
     return EXIT_OK
 
 
@@ -101,8 +101,12 @@ def cmd_results(args) -> int:
     return EXIT_OK
 
 
-def _report_wait(client, ids: list[str], timeout_s: float, *, quiet: bool = False) -> int:
-    got = client.wait(ids, timeout_s=timeout_s)
+def _report_wait(client, tickets: list, timeout_s: float, *, quiet: bool = False) -> int:
+    """Wait for ``tickets`` (ids, or Submitted: then each result must answer that very submission)."""
+    from producer.client import Submitted
+
+    got = client.wait(tickets, timeout_s=timeout_s)
+    ids = list(dict.fromkeys(t.ticket_id if isinstance(t, Submitted) else t for t in tickets))
     if quiet:
         labels = Counter(r.label if r.ok else f"({r.status})" for r in got.values())
         print(f"{len(got)}/{len(ids)} results: " + ", ".join(f"{k} {v}" for k, v in labels.most_common()))
@@ -119,7 +123,22 @@ def _report_wait(client, ids: list[str], timeout_s: float, *, quiet: bool = Fals
 
 
 def cmd_wait(args) -> int:
-    return _report_wait(_client(args), args.ids, args.timeout_s)
+    from producer.client import Submitted
+
+    tickets: list = list(args.ids)
+    if args.from_file:
+        try:
+            with open(args.from_file, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            tickets += [Submitted(str(r["id"]), str(r["stream_id"])) for r in rows]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"triage-producer wait: cannot read {args.from_file} (JSON lines with id and stream_id, "
+                  f"as written by send --ids-out): {e}", file=sys.stderr)
+            return EXIT_USAGE
+    if not tickets:
+        print("triage-producer wait: give ticket ids or --from-file", file=sys.stderr)
+        return EXIT_USAGE
+    return _report_wait(_client(args), tickets, args.timeout_s)
 
 
 def cmd_backlog(args) -> int:
@@ -165,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(_run=cmd_results)
 
     p = sub.add_parser("wait", help="wait for the results of ticket ids; exit 1 if some did not arrive in time")
-    p.add_argument("ids", nargs="+")
+    p.add_argument("ids", nargs="*", help="ticket ids (each takes the latest result of that id)")
+    p.add_argument("--from-file", help="the --ids-out file of `send`: wait for the result of each of THOSE submissions "
+                   "(matched on stream_id, so a re-sent id never gets an earlier answer)")
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.set_defaults(_run=cmd_wait)
 
