@@ -94,20 +94,39 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
-    logging.captureWarnings(True)
+    logging.captureWarnings(True)  # py.warnings through the same chain
     global _json_mode
     _json_mode = _want_json(fmt, stream)
-    if "transformers" in sys.modules:
-        route_transformers_logs()
+    if _json_mode:
+        # No progress bars on a JSON stream: transformers/huggingface_hub ones via their switches (below),
+        # bare tqdm ones (the GGUF conversion) via tqdm's env defaults, read when tqdm is first imported.
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    route_transformers_logs()
 
 
 _json_mode = False
 
 
 def route_transformers_logs() -> None:
-    """transformers logs through its own handler (propagate=False) and draws tqdm bars on stderr;
-    send its records through our chain instead, and drop the bars when stderr is JSON.
-    Call after importing transformers if that happened after ``configure_logging``."""
+    """transformers and huggingface_hub log through handlers of their own (a record came out twice:
+    raw, and JSON through the root) and draw tqdm bars on stderr; send their records through our
+    chain only, and drop the bars when stderr is JSON. Safe to call again; call after importing
+    transformers if that happened after ``configure_logging``."""
+    if "huggingface_hub" in sys.modules:
+        for h in list(logging.getLogger("huggingface_hub").handlers):
+            if not getattr(h, "_triage", False):
+                logging.getLogger("huggingface_hub").removeHandler(h)
+        logging.getLogger("huggingface_hub").propagate = True
+        if _json_mode:
+            try:
+                from huggingface_hub.utils import disable_progress_bars
+
+                disable_progress_bars()
+            except ImportError:
+                pass
+    if "transformers" not in sys.modules:
+        return
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
@@ -116,7 +135,6 @@ def route_transformers_logs() -> None:
     hf_logging.enable_propagation()
     if _json_mode:
         hf_logging.disable_progress_bar()
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
 def get_logger(name: str | None = None, **initial: Any) -> structlog.stdlib.BoundLogger:

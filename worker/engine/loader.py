@@ -7,6 +7,8 @@ source file's path, size and mtime; later starts load in about a second.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -92,8 +94,9 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with _gguf_bar_follows_switch():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         # The de-quantized weights are plain fp32 tensors; drop the GGUF quantizer
         # marker so save_pretrained writes ordinary safetensors.
         model.hf_quantizer = None
@@ -110,3 +113,23 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+@contextlib.contextmanager
+def _gguf_bar_follows_switch():
+    """transformers draws the GGUF de-quantization bar with a bare tqdm that ignores its own
+    progress-bar switch (a raw bar in JSON logs); make it obey while converting."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
