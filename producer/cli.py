@@ -18,10 +18,20 @@ import redis
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
 
 
+class ConfigError(Exception):
+    """Settings the producer cannot work with; each line names the env var (or flag) to fix."""
+
+
 def _settings(args):
     from producer.settings import ProducerSettings
+    from worker import preflight
 
-    return ProducerSettings(**({"redis_url": args.redis_url} if getattr(args, "redis_url", None) else {}))
+    settings, problems = preflight.load_settings(ProducerSettings, redis_url=getattr(args, "redis_url", None))
+    if problems:
+        if getattr(args, "redis_url", None):
+            problems = [preflight.Problem("--redis-url", p.message) if p.where == "TRIAGE_REDIS_URL" else p for p in problems]
+        raise ConfigError("\n".join(str(p) for p in problems))
+    return settings
 
 
 def _client(args):
@@ -218,13 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `triage-producer synth | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except ConfigError as e:
+        for line in str(e).splitlines():
+            print(f"triage-producer {args.command}: {line}", file=sys.stderr)
+        return EXIT_USAGE
     except BacklogFull as e:
         print(f"triage-producer {args.command}: {e} ({len(e.submitted)} sent before that)", file=sys.stderr)
         return EXIT_BACKLOG
     except redis.ConnectionError as e:
         from worker.logs import mask_url
 
-        url = mask_url(args.redis_url or _settings(args).redis_url)
+        url = mask_url(args.redis_url or os.environ.get("TRIAGE_REDIS_URL") or "redis://127.0.0.1:6379/0")
         print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -10,6 +10,7 @@ import sys
 COMMANDS = [
     "worker.commands.run",
     "worker.commands.healthcheck",
+    "worker.commands.check",
     "worker.commands.verify",
     "worker.commands.eval",
     "worker.commands.fit",
