@@ -168,9 +168,16 @@ def cmd_demo(args) -> int:
 
 
 # ------------------------------------------------------------------- parser
+def _version_line() -> str:
+    from worker.cli import version_line
+
+    return version_line("triage-producer")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triage-producer", description="Push support tickets to the triage worker and read its results.")
     parser.add_argument("--redis-url", help="overrides TRIAGE_REDIS_URL")
+    parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)")

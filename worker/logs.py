@@ -108,6 +108,11 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
 _json_mode = False
 
 
+def json_mode() -> bool:
+    """Whether the last ``configure_logging`` chose JSON lines (then nothing else may be drawn on stderr)."""
+    return _json_mode
+
+
 def route_transformers_logs() -> None:
     """transformers and huggingface_hub log through handlers of their own (a record came out twice:
     raw, and JSON through the root) and draw tqdm bars on stderr; send their records through our

@@ -179,7 +179,7 @@ class CacheEntry:
     path: Path
     size_bytes: int
     source: str | None  # the GGUF it was converted from (as recorded), if known
-    status: str  # "in use" (its source still maps here) | "stale" (source gone or changed) | "partial" (unfinished)
+    status: str  # "in-use" (a GGUF on this machine maps here) | "stale" (source gone or changed) | "partial" (unfinished)
     modified_s: float
 
 
@@ -229,10 +229,10 @@ def cache_entries(cache_dir: Path) -> list[CacheEntry]:
             except (OSError, ValueError, AttributeError):
                 source = None
             if d.name.rsplit("-", 1)[-1] in live:  # some GGUF on this machine (any venv) maps here
-                status = "in use"
+                status = "in-use"
             elif source and Path(source).is_file():
                 try:
-                    status = "in use" if converted_target(Path(source), cache_dir) == d else "stale"
+                    status = "in-use" if converted_target(Path(source), cache_dir) == d else "stale"
                 except OSError:
                     status = "stale"
         out.append(CacheEntry(d, _tree_size(d), source, status, d.stat().st_mtime))

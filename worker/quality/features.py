@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -114,16 +113,14 @@ def run_pass(
 
 
 def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, progress: bool) -> Pass:
-    from tqdm import tqdm
+    from worker.progress import Progress
 
     batches = clf.plan(items)
     n, j = len(items), len(clf.labels)
     scores = np.zeros((n, j))
     last: np.ndarray | None = None
     mean: np.ndarray | None = None
-    with tapped(clf, None if score else PoolOnly(clf.labels)) as tap, tqdm(
-        total=n, desc=desc, unit="ticket", file=sys.stderr, disable=not progress or None, leave=False
-    ) as bar:
+    with tapped(clf, None if score else PoolOnly(clf.labels)) as tap, Progress(n, desc, enabled=progress, leave=False) as bar:
         for b in batches:
             idx = list(b.indices)
             scores[idx] = clf.run_batch([items[i] for i in idx])
