@@ -214,3 +214,15 @@ def assert_user_text_is_plain(clf: Classifier) -> None:
 
 def test_control_tokens_typed_in_a_ticket_are_plain_text(loaded):
     assert_user_text_is_plain(make(loaded))
+
+
+def test_torch_threads_auto_rule(monkeypatch):
+    from worker.engine import device as dev
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(dev.torch, "get_num_threads", lambda: 16)
+    for cpus, want in ((1, 1), (2, 1), (4, 1), (8, 8), (32, None)):  # small hosts: 1; a quota below torch's 16: the quota
+        monkeypatch.setattr(dev, "usable_cpus", lambda c=cpus: c)
+        assert dev.pick_threads("auto", cpu) == want, cpus
+    assert dev.pick_threads("auto", gpu) is None and dev.pick_threads(0, cpu) is None and dev.pick_threads(3, cpu) == 3
+    assert Settings().torch_threads == "auto"  # the worker's default, and the bench's (it builds the same Settings)

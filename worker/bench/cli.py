@@ -15,7 +15,6 @@ import time
 
 # CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
 DEFAULT_N, QUICK_N = 24, 4
-DEFAULT_CPU_THREADS = 1
 DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 2
 SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
@@ -33,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
     m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
-    m.add_argument("--threads", type=int, help=f"torch intra-op threads on CPU (default {DEFAULT_CPU_THREADS}: steady on a shared CPU, see "
-                   "docs/benchmark.md; 0 = torch's default, which is what the worker uses today)")
+    m.add_argument("--threads", type=int, help="torch intra-op threads (TRIAGE_TORCH_THREADS; default: the worker's 'auto' rule, "
+                   "1 on hosts with <= 4 CPUs; 0 = torch's default; see docs/benchmark.md)")
     m.add_argument("--max-batch-items", type=int, help="modes 4-5: items per pass at most (TRIAGE_MAX_BATCH_ITEMS)")
     m.add_argument("--max-batch-tokens", type=int, help="modes 4-5: padded tokens per pass at most (TRIAGE_MAX_BATCH_TOKENS)")
     m.add_argument("--fixed-batch", type=int,
@@ -82,8 +81,11 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
     from worker.settings import Settings
 
     names = ("model", "device", "dtype", "max_batch_items", "max_batch_tokens", "redis_url")
+    overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    if args.threads is not None:
+        overrides["torch_threads"] = args.threads  # else TRIAGE_TORCH_THREADS / "auto": what the worker would use
     try:
-        settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
+        settings = Settings(**overrides)
     except ValidationError as e:
         print(f"triage-bench: invalid settings:\n{e}", file=sys.stderr)
         return 2
@@ -91,7 +93,7 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
 
     default_threads = torch.get_num_threads()
     try:
-        _set_threads(settings, args.threads)
+        _set_threads(settings)
         return _run(args, settings, n, modes, sweep, default_threads)
     finally:
         torch.set_num_threads(default_threads)  # leave in-process callers (tests) as they were
@@ -180,15 +182,14 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
     return 0
 
 
-def _set_threads(settings, threads: int | None) -> None:
-    """Pin torch's intra-op threads when the model runs on the CPU (``0``: leave torch's default)."""
+def _set_threads(settings) -> None:
+    """Threads as the worker sets them (TRIAGE_TORCH_THREADS, default "auto"; engine.device.pick_threads)."""
     import torch
 
-    from worker.engine.device import pick_device
+    from worker.engine.device import pick_device, pick_threads
 
-    if threads is None:
-        threads = DEFAULT_CPU_THREADS if pick_device(settings.device).type == "cpu" else 0
-    if threads > 0:
+    threads = pick_threads(settings.torch_threads, pick_device(settings.device))
+    if threads is not None:
         torch.set_num_threads(threads)
 
 

@@ -173,6 +173,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
         TRIAGE_HEARTBEAT_KEY_PREFIX=ns + "heartbeat:", TRIAGE_GROUP="bench", TRIAGE_CONSUMER="bench-worker",
         TRIAGE_LOG_FORMAT="json", TRIAGE_LOG_LEVEL="INFO",
         OMP_NUM_THREADS=str(torch.get_num_threads()),  # the worker gets the bench's thread count
+        TRIAGE_TORCH_THREADS=str(torch.get_num_threads()),
     )
     for key in ("task_file", "labels"):
         if getattr(settings, key):

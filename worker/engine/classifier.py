@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from worker.engine import bucketing
-from worker.engine.device import dtype_name, pick_device, pick_dtype
+from worker.engine.device import dtype_name, pick_device, pick_dtype, pick_threads
 from worker.engine.forward import PrefixKV, compute_prefix, run_forward
 from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel, load_model
@@ -108,9 +108,9 @@ class Classifier:
     # ------------------------------------------------------------------ build
     @classmethod
     def from_settings(cls, settings, task: Task | None = None) -> "Classifier":
-        if settings.torch_threads:
-            torch.set_num_threads(settings.torch_threads)
         device = pick_device(settings.device)
+        if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
+            torch.set_num_threads(threads)
         dtype = pick_dtype(device, settings.dtype)
         loaded = load_model(settings.model, device, dtype, settings.cache_dir)
         clf = cls(

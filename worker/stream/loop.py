@@ -40,8 +40,11 @@ def run_worker(settings, *, drain: bool = False) -> int:
     t0 = time.perf_counter()
     clf = Classifier.from_settings(settings)
     clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
+    import torch
+
     log.info("model_loaded", model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, labels=list(clf.labels),
-             prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000))
+             prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000),
+             torch_threads=torch.get_num_threads())
 
     client = connect(settings.redis_url)
     source = StreamSource(client, settings.input_stream, settings.group, settings.consumer)
