@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,7 @@ def go_offline() -> None:
     """No hub calls from here on (the model is local or cached): transformers would otherwise retry an
     unreachable hub for about a minute before using the cache."""
     os.environ["HF_HUB_OFFLINE"] = "1"
-    constants = __import__("sys").modules.get("huggingface_hub.constants")
+    constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None:  # already imported: its flag was read at import time
         constants.HF_HUB_OFFLINE = True
 
