@@ -76,12 +76,12 @@ def load(settings: Settings) -> LoadedModel:
     """Threads, device, dtype, weights: the one call of ``load_model``."""
     import torch
 
-    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.device import pick_device, pick_dtype, pick_threads
     from worker.engine.loader import load_model
 
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
     device = pick_device(settings.device)
+    if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
+        torch.set_num_threads(threads)
     return load_model(settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
 
 

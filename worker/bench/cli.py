@@ -15,7 +15,6 @@ import time
 
 # CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
 DEFAULT_N, QUICK_N = 24, 4
-DEFAULT_CPU_THREADS = 1
 DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 2
 SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
@@ -33,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
     m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
-    m.add_argument("--threads", type=int, help=f"torch intra-op threads on CPU (default {DEFAULT_CPU_THREADS}: steady on a shared CPU, see "
-                   "docs/benchmark.md; 0 = torch's default, which is what the worker uses today)")
+    m.add_argument("--threads", type=int, help="torch intra-op threads (TRIAGE_TORCH_THREADS; default: the worker's "
+                   "'auto' rule, 1 on hosts with <= 4 CPUs; 0 = torch's default; see docs/benchmark.md)")
     m.add_argument("--pass-max-items", "--max-batch-items", dest="pass_max_items", type=int,
                    help="modes 4-6: items per pass at most (TRIAGE_PASS_MAX_ITEMS)")
     m.add_argument("--pass-max-tokens", "--max-batch-tokens", dest="pass_max_tokens", type=int,
@@ -113,17 +112,14 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
 def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
-    ``--threads`` becomes ``torch_threads`` (default on CPU: ``DEFAULT_CPU_THREADS``; 0 keeps ``TRIAGE_TORCH_THREADS``).
+    ``--threads`` becomes ``torch_threads``; without it the worker's own setting (default "auto") applies.
     """
-    from worker.engine.device import pick_device
     from worker.settings import Settings
 
     names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url", "attention")
     settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
     threads = getattr(args, "threads", None)
-    if threads is None:
-        threads = DEFAULT_CPU_THREADS if pick_device(settings.device).type == "cpu" else 0
-    return settings.model_copy(update={"torch_threads": threads}) if threads > 0 else settings
+    return settings if threads is None else settings.model_copy(update={"torch_threads": threads})
 
 
 def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: list[tuple[int, int]], default_threads: int) -> int:

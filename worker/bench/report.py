@@ -216,7 +216,7 @@ def _threads_note(hw: dict) -> str:
     default = hw.get("torch_default_threads")
     if hw["device"] != "cpu" or default is None or default == hw["torch_threads"]:
         return ""
-    return f" (--threads; torch's default, which the worker uses, is {default})"
+    return f" (TRIAGE_TORCH_THREADS / --threads, as the worker; torch's default is {default})"
 
 
 def write_json(path: str | Path, doc: dict) -> None:

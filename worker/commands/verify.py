@@ -27,11 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from worker.assemble import build_classifier
     from worker.engine.types import InvalidTicket
     from worker.engine.verify import verify
+    from worker.progress import Progress
     from worker.ticket_files import read_tickets
 
     settings = settings_from_args(args)
@@ -42,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     skipped = len(rows) - len(keep)
     items = [prepared[i] for i in keep]
     ids = [str(rows[i].get("id", i)) for i in keep]
-    with tqdm(total=len(items), desc="reference (one at a time)", unit="ticket", file=sys.stderr, disable=None) as bar:
+    with Progress(len(items), "reference (one at a time)") as bar:  # a bar on a terminal, log lines elsewhere
         report = verify(clf, items, ids, progress=bar.update)
 
     ok = report.passed(args.flip_margin)

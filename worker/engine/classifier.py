@@ -130,7 +130,8 @@ class Classifier:
                 out[i] = InvalidTicket(f"ticket text must be a string, got {type(t).__name__}")
         if not todo:
             return out
-        enc = self.tokenizer([texts[i] for i in todo], add_special_tokens=False)["input_ids"]
+        # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
+        enc = self.tokenizer([texts[i] for i in todo], add_special_tokens=False, split_special_tokens=True)["input_ids"]
         tail = self.template.tail_ids
         limit = self.options.max_input_tokens
         for i, ids in zip(todo, enc):

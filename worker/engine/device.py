@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from contextlib import nullcontext
 from functools import lru_cache
@@ -51,6 +53,51 @@ def _gemm_seconds(dtype: torch.dtype, m: int = 256, k: int = 576, n: int = 1536,
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+# At or below this many usable CPUs, "auto" runs one intra-op thread (docs/benchmark.md, "Threads"):
+# on a busy 2-core host two threads were 4-6x slower than one (every op's barrier waits for a
+# core another process holds), and small hosts are the ones that get shared.
+AUTO_ONE_THREAD_MAX_CPUS = 4
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a container's CPU quota (cgroup v2 or v1),
+    which torch's own default ignores (a pod limited to 1 CPU on a 64-core node would start 32 threads)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return max(1, min(n, quota)) if quota else max(1, n)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]  # v2: "max 100000" or "200000 100000"
+        return None if quota == "max" else math.ceil(int(quota) / int(period))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())  # v1: -1 = no limit
+        period_us = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        return math.ceil(quota_us / period_us) if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def pick_threads(requested: int | str, device: torch.device) -> int | None:
+    """Intra-op threads to set, or None to leave torch's default.
+
+    ``N`` >= 1: N. ``0``: torch's default. ``"auto"``: on CPU, 1 thread when at most
+    AUTO_ONE_THREAD_MAX_CPUS CPUs are usable, else the usable count when a container quota
+    caps it below torch's default, else torch's default; on a GPU, torch's default.
+    """
+    if requested != "auto":
+        return int(requested) or None
+    if device.type != "cpu":
+        return None
+    cpus = usable_cpus()
+    if cpus <= AUTO_ONE_THREAD_MAX_CPUS:
+        return 1
+    return cpus if cpus < torch.get_num_threads() else None
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -74,10 +74,17 @@ def _load_model(settings, log):
     clf = build_classifier(settings)
     clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
     log.info("model_loaded", model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, labels=list(clf.labels),
-             prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000))
+             prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000),
+             torch_threads=_torch_threads())
     prometheus.current().set_model(model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name,
                                    consumer=settings.consumer)
     return clf
+
+
+def _torch_threads() -> int:
+    import torch  # already loaded with the model
+
+    return torch.get_num_threads()
 
 
 def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s: float | None) -> str:
