@@ -33,12 +33,12 @@ def main() -> int:
 
     import torch
 
-    from worker.engine.classifier import Classifier
+    from worker.assemble import build_classifier
     from worker.settings import Settings
 
     default_threads = torch.get_num_threads()
     settings = Settings(model=args.model, dtype=args.dtype, device="cpu", torch_threads=0)
-    clf = Classifier.from_settings(settings)
+    clf = build_classifier(settings)
     rows = [json.loads(line) for line in (REPO / "tests/data/long_tail_tickets.jsonl").read_text().splitlines()[: args.n]]
     items = clf.prepare_valid([r["text"] for r in rows])
     clf.classify(items[:4])  # warm-up

@@ -93,19 +93,23 @@ def unknown_env(environ: Mapping[str, str] | None = None, known: Iterable[str] |
 def settings_problems(exc, settings_cls, environ: Mapping[str, str] | None = None) -> list[Problem]:
     """A pydantic ValidationError as one line per field, named by the env var that set it."""
     env = os.environ if environ is None else environ
-    by_field: dict[str, list[str]] = {}
-    for var, field in env_names(settings_cls).items():
-        by_field.setdefault(field, []).append(var)
-    problems = []
+    names = env_names(settings_cls)
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    by_field = {name: [a.upper() for a in (_alias_names(f.validation_alias) or _alias_names(f.alias) or [prefix + name])]
+                for name, f in settings_cls.model_fields.items()}
+    problems, seen = [], set()
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ())]
         field = loc[0] if loc else ""
+        field = names.get(field.upper(), field)  # fields read through an alias report the alias as loc
         candidates = by_field.get(field) or [f"TRIAGE_{field.upper()}"]
         var = next((v for v in candidates if v in env), candidates[0])
         msg = err.get("msg", "invalid")
         if "input" in err and err.get("type") != "missing":
             msg += f" (got {err['input']!r:.120})"
-        problems.append(Problem(var, msg))
+        if (var, msg) not in seen:  # one deprecated name feeding two fields is one mistake
+            seen.add((var, msg))
+            problems.append(Problem(var, msg))
     return problems
 
 
@@ -174,7 +178,8 @@ def stream_key_problems(url: str, settings) -> list[Problem]:
 
 
 def task_problems(settings) -> list[Problem]:
-    from worker.engine.task import TaskError, task_from_settings
+    from worker.assemble import task_from_settings
+    from worker.engine.task import TaskError
 
     try:
         task_from_settings(settings)

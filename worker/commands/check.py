@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _task_line(settings) -> str:
-    from worker.engine.task import task_from_settings
+    from worker.assemble import task_from_settings
 
     task = task_from_settings(settings)
     src = settings.task_file or ("TRIAGE_LABELS" if settings.labels else "built-in default")
@@ -72,9 +72,9 @@ def _load_model(settings, problems: list) -> str:
     configure_logging(settings.log_format, settings.log_level)
     t0 = time.perf_counter()
     try:
-        from worker.engine.classifier import Classifier
+        from worker.assemble import build_classifier
 
-        clf = Classifier.from_settings(settings)
+        clf = build_classifier(settings)
         pred = clf.classify(clf.prepare_valid(["I was charged twice for my subscription"]))[0][0]
     except Exception as e:  # noqa: BLE001 - any load failure is the answer to "does the model work"
         problems.append(preflight.Problem("TRIAGE_MODEL", f"failed to load or run: {type(e).__name__}: {e}"))
