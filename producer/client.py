@@ -178,34 +178,52 @@ class TriageClient:
     def get_result(self, ticket_id: str) -> Result | None:
         return self.get_results([ticket_id]).get(ticket_id)
 
-    def wait(self, ticket_ids: Iterable[str], timeout_s: float = 30.0) -> dict[str, Result]:
-        """Results for ``ticket_ids``, waiting up to ``timeout_s`` for the missing ones.
+    def wait(self, tickets: Iterable[str | Submitted], timeout_s: float = 30.0) -> dict[str, Result]:
+        """Results for ``tickets``, waiting up to ``timeout_s`` for the missing ones; keyed by ticket id.
 
-        Returns what arrived (a dead-lettered ticket arrives with ``status ==
-        "dead_letter"`` and a ``reason``); ids missing from the dict timed out.
-        Between checks it blocks on XREAD of the results and dead-letter streams,
-        so it wakes when the worker writes, and re-reads only the ids still missing.
+        Pass what ``submit``/``submit_many`` returned (``Submitted``) to get the result of THAT
+        submission: a result counts only if its ``stream_id`` is the submission's input entry, so
+        an id sent again never gets the answer to an earlier send. A plain id string takes the
+        latest result of that id, whichever submission it answers.
+
+        Returns what arrived (a dead-lettered ticket arrives with ``status == "dead_letter"`` and
+        a ``reason``); ids missing from the dict timed out. Between checks it blocks on XREAD of
+        the results and dead-letter streams, so it wakes when the worker writes, and re-reads
+        only what is still missing.
         """
-        remaining = list(dict.fromkeys(ticket_ids))
+        want: dict[str, str | None] = {}  # ticket id -> the input entry its result must answer (None: any)
+        for t in tickets:
+            if isinstance(t, Submitted):
+                want[t.ticket_id] = t.stream_id
+            else:
+                want.setdefault(str(t), None)
         got: dict[str, Result] = {}
         deadline = time.monotonic() + timeout_s
         cursors = self._stream_tails()
+        scan = _SupersededScan(self)
         max_block_ms = self.settings.wait_poll_max_ms
         while True:
-            found = self.get_results(remaining)
-            got.update(found)
-            remaining = [t for t in remaining if t not in found]
+            remaining = [t for t in want if t not in got]
+            for tid, res in self.get_results(remaining).items():
+                expected = want[tid]
+                answers = res.fields.get("stream_id")
+                if expected is None or answers == expected:
+                    got[tid] = res
+                elif _entry_after(answers, expected):  # a later send of the same id overwrote the key
+                    scan.add(tid, expected)
+            got.update(scan.found())
             left_s = deadline - time.monotonic()
-            if not remaining or left_s <= 0:
+            if len(got) == len(want) or left_s <= 0:
                 return got
             block_ms = max(1, min(max_block_ms, int(left_s * 1000)))
             if self.redis.xread(cursors, count=1, block=block_ms):
                 cursors = self._stream_tails()  # woke on a write: skip past everything written so far
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
 
-    def result(self, ticket_id: str, timeout_s: float = 30.0) -> Result:
-        """One ticket's result; ``TimeoutError`` if none within ``timeout_s``."""
-        got = self.wait([ticket_id], timeout_s)
+    def result(self, ticket: str | Submitted, timeout_s: float = 30.0) -> Result:
+        """One ticket's result (of that submission, given a ``Submitted``); ``TimeoutError`` if none within ``timeout_s``."""
+        ticket_id = ticket.ticket_id if isinstance(ticket, Submitted) else ticket
+        got = self.wait([ticket], timeout_s)
         if ticket_id not in got:
             raise TimeoutError(f"no result for ticket {ticket_id!r} within {timeout_s}s (is a worker running on {self.settings.input_stream!r}?)")
         return got[ticket_id]
@@ -238,7 +256,76 @@ class TriageClient:
                     cursor = as_str(sid)
                     yield Result.from_stream(sid, fields)
 
-    def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
-        """The last ``count`` dead-letter records (oldest first), for a look at what was rejected and why."""
+    def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
+        """The last ``count`` dead-letter records (oldest first), decoded: ``payload`` (the rejected
+        entry's fields) as a dict, ``deliveries`` and ``dead_at_ms`` as ints, ``dead_letter_id``."""
         rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
-        return [{as_str(k): as_str(v) for k, v in fields.items()} | {"dead_letter_id": as_str(sid)} for sid, fields in reversed(rows)]
+        return [_decode_dead_letter(sid, fields) for sid, fields in reversed(rows)]
+
+
+def _decode_dead_letter(sid: Any, fields: Mapping[Any, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {as_str(k): as_str(v) for k, v in fields.items()}
+    for k in ("payload", "meta"):
+        if k in out:
+            try:
+                out[k] = json.loads(out[k])
+            except ValueError:
+                pass  # kept as the string it is
+    for k in ("deliveries", "dead_at_ms", "payload_bytes"):
+        if k in out and out[k].lstrip("-").isdigit():
+            out[k] = int(out[k])
+    out["dead_letter_id"] = as_str(sid)
+    return out
+
+
+def _entry_id(stream_id: str | None) -> tuple[int, int] | None:
+    try:
+        ms, _, seq = (stream_id or "").partition("-")
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return None
+
+
+def _entry_after(a: str | None, b: str | None) -> bool:
+    """Stream entry id ``a`` comes after ``b`` (False if either is not an entry id)."""
+    ia, ib = _entry_id(a), _entry_id(b)
+    return ia is not None and ib is not None and ia > ib
+
+
+class _SupersededScan:
+    """Find results of submissions whose id was sent again (the result key now answers the later send)
+    in the results and dead-letter streams: every record for an input entry is written after that
+    entry, so reading from the earliest such entry id onwards sees them all (unless trimmed)."""
+
+    PAGE = 1000
+
+    def __init__(self, client: "TriageClient"):
+        self.client = client
+        self.wanted: dict[str, str] = {}  # input entry id -> ticket id
+        self.cursors: dict[str, str] = {}
+        self.hits: dict[str, Result] = {}
+
+    def add(self, ticket_id: str, stream_id: str) -> None:
+        if stream_id in self.wanted:
+            return
+        self.wanted[stream_id] = ticket_id
+        s = self.client.settings
+        for name in (s.results_stream, s.dead_letter_stream):
+            cur = self.cursors.get(name)
+            if cur is None or _entry_after(cur, stream_id):
+                self.cursors[name] = stream_id  # (re)start from the earliest wanted entry
+
+    def found(self) -> dict[str, Result]:
+        open_ids = {sid for sid, tid in self.wanted.items() if tid not in self.hits}
+        for name in list(self.cursors):
+            while open_ids:
+                rows = self.client.redis.xrange(name, min="(" + self.cursors[name], max="+", count=self.PAGE)
+                for rid, fields in rows:
+                    self.cursors[name] = as_str(rid)
+                    sid = as_str(fields.get("stream_id") or fields.get(b"stream_id") or "")
+                    if sid in open_ids:
+                        self.hits[self.wanted[sid]] = Result.from_stream(rid, fields)
+                        open_ids.discard(sid)
+                if len(rows) < self.PAGE:
+                    break
+        return dict(self.hits)

@@ -116,15 +116,15 @@ def _watch(client: TriageClient, worker: WorkerProcess, total: int, timeout_s: f
 
 
 def summarize(client: TriageClient, worker: WorkerProcess, labels_by_id: dict[str, str], wall_s: float) -> dict:
-    """The demo's numbers, from the results/dead-letter streams and the worker's "batch" log lines."""
+    """The demo's numbers, from the results/dead-letter streams and the worker's "window" log lines."""
     s = client.settings
     results = [f for _, f in client.redis.xrange(s.results_stream)]
     dead = [f for _, f in client.redis.xrange(s.dead_letter_stream)]
-    batches = [e for e in worker.events if e.get("event") == "batch"]
+    windows = [e for e in worker.events if e.get("event") == "window"]
     loaded = worker.first("model_loaded") or {}
-    real = sum(int(b.get("real_tokens") or 0) for b in batches)
-    padded = sum(int(b.get("padded_tokens") or 0) for b in batches)
-    busy_ms = sum(float(b.get(k) or 0) for b in batches for k in ("tokenize_ms", "infer_ms", "write_ms"))
+    real = sum(int(b.get("real_tokens") or 0) for b in windows)
+    padded = sum(int(b.get("padded_tokens") or 0) for b in windows)
+    busy_ms = sum(float(b.get(k) or 0) for b in windows for k in ("tokenize_ms", "infer_ms", "write_ms"))
     done_at = [int(f["classified_at_ms"]) for f in results if f.get("classified_at_ms")]
     ready_ms = int(worker.ready_at_s * 1000) if worker.ready_at_s else None
     # Tickets were all queued before the worker started: count their wait from when it was ready, not from model loading.
@@ -141,7 +141,8 @@ def summarize(client: TriageClient, worker: WorkerProcess, labels_by_id: dict[st
         "dead_letter_reasons": Counter(f.get("reason", "?") for f in dead),
         "labels": Counter(f.get("label", "?") for f in results),
         "agreement_with_intended_label": sum(agree) / len(agree) if agree else None,
-        "batches": len(batches),
+        "windows": len(windows),
+        "passes": sum(int(b.get("passes") or 0) for b in windows),
         "padding_pct": padding_pct(real, padded) if padded else None,
         "items_per_s_busy": 1000.0 * (len(results) + len(dead)) / busy_ms if busy_ms else None,
         "items_per_s_wall": len(results) / span_s if span_s else None,
@@ -165,13 +166,13 @@ def render(sm: dict, n_bad: int) -> str:
         "",
         "=== triage demo summary ===",
         f"model           {sm['model']}  on {sm['device']} / {sm['dtype']}  (loaded in {_fmt(sm['model_load_ms'], '.0f', ' ms')})",
-        f"classified      {sm['classified']} tickets in {sm['batches']} batches",
+        f"classified      {sm['classified']} tickets in {sm['windows']} windows ({sm['passes']} forward passes)",
         "labels          " + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sm["labels"].most_common()),
         f"agreement       {_fmt(None if sm['agreement_with_intended_label'] is None else 100 * sm['agreement_with_intended_label'], '.0f', '%')}"
         " with the generator's intended label",
         f"throughput      {_fmt(sm['items_per_s_wall'])} items/s wall (worker ready -> last result), "
         f"{_fmt(sm['items_per_s_busy'])} items/s busy (tokenize+infer+write)",
-        f"padding         {_fmt(sm['padding_pct'], '.1f', '%')} of computed tokens (length-bucketed batches)",
+        f"padding         {_fmt(sm['padding_pct'], '.1f', '%')} of computed tokens (length-bucketed passes)",
         f"latency         p50 {_fmt(sm['latency_p50_ms'], '.0f', ' ms')}, p99 {_fmt(sm['latency_p99_ms'], '.0f', ' ms')}"
         " (enqueue or worker-ready -> result; all tickets were queued up front)",
         f"dead-lettered   {sm['dead_lettered']} (of {n_bad} deliberately bad tickets)",

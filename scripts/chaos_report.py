@@ -86,6 +86,28 @@ def table(rows: list[dict]) -> str:
         add("backlog", "results XLEN vs MAXLEN", f"{_f(r['results_xlen'])} vs {_f(r['results_maxlen'])}")
         add("backlog", "dead-letter XLEN vs MAXLEN", f"{_f(r['dead_xlen'])} vs {_f(r['dead_maxlen'])}")
         add("backlog", "producer limit / max backlog seen", f"{r['producer_limit']} / {r['producer_max_backlog_seen']}")
+    for r in by.get("group_loss_restart", []):
+        add("group lost", "Redis restarted empty: tickets before / after",
+            f"{_f(r['tickets_before'])} / {_f(r['tickets_after'])}")
+        add("group lost", "after the restart: lost / duplicates / windows dropped",
+            f"{r['lost_after']} / {r['duplicates_after']} / {r['windows_dropped']}")
+        add("group lost", "Redis back -> group recreated / first result s",
+            f"{r['group_recreated_after_s']} / {r['first_result_after_restart_s']}")
+    for r in by.get("group_loss_destroy", []):
+        add("group lost", "XGROUP DESTROY: tickets / lost / duplicates",
+            f"{_f(r['tickets'])} / {r['lost']} / {r['duplicates']}")
+        add("group lost", "destroy -> group recreated s", r["group_recreated_after_s"])
+    for r in by.get("input_trim", []):
+        add("input trim", "XLEN: lagging group / trimmed / TRIAGE_INPUT_TRIM=false",
+            f"{r['xlen_with_lagging_group']} / {r['xlen_trimmed']} / {r['xlen_untrimmed']}")
+    for r in by.get("long_pass", []):
+        add("long pass", "longest window infer ms (heartbeat TTL 1 s, claim idle 1.5 s)", r["max_window_infer_ms"])
+        add("long pass", "heartbeat missing / samples", f"{r['heartbeat_missing']} / {r['heartbeat_samples']}")
+        add("long pass", "entries reclaimed from a live worker", r["reclaimed_from_live_worker"])
+    for r in by.get("window_passes", []):
+        add("window / pass", "window / pass cap / passes", f"{r['window']} / {r['pass_cap']} / {r['passes']}")
+        add("window / pass", "samples with results before the window's last pass",
+            f"{r['partial_samples']} of {r['samples']}")
     for r in by.get("tls", []):
         add("security", "TLS + password: results / password in logs", f"{r['results']} / {r['password_in_logs']}")
     return "\n".join(out)

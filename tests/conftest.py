@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 # Nothing in the test suite may reach a model hub.
@@ -20,6 +21,7 @@ import torch  # noqa: E402
 
 from tests.tiny_model import build_tiny_bert, build_tiny_model  # noqa: E402
 from tests.worker_proc import make_env  # noqa: E402
+from worker.redis_server import INSTALL_HINT, PrivateRedis, answers, find_server_binary  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -39,13 +41,23 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    return REDIS_URL
+def redis_url(request) -> Iterator[str]:
+    """TRIAGE_TEST_REDIS_URL (default 127.0.0.1:6379) if a Redis answers there; else a private server for the
+    session on a free port (redis-server from PATH or the embedded-redis extra); else the Redis tests skip."""
+    if answers(REDIS_URL):
+        yield REDIS_URL
+        return
+    binary = find_server_binary()
+    if binary is None:
+        pytest.skip(f"no Redis at {REDIS_URL} and no redis-server to start: {INSTALL_HINT}")
+    with PrivateRedis(binary=binary) as server:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                note = f"no Redis at {REDIS_URL}: tests use a private {binary.describe()} at {server.url}"
+                reporter.write_line("\n" + note)
+        yield server.url
 
 
 @pytest.fixture

@@ -198,7 +198,7 @@ def test_bench_classifier_is_the_workers_classifier(variant, tiny_model_dir, tmp
         env |= {"TRIAGE_SCORER": "head", "TRIAGE_HEAD_PATH": str(tmp_path / "head.safetensors")}
     worker_settings = _settings_from_env(monkeypatch, env)
     worker = build_classifier(worker_settings)
-    args = cli.build_parser().parse_args(["--threads", "0"])
+    args = cli.build_parser().parse_args([])  # no --threads: the worker's own TRIAGE_TORCH_THREADS
     bench_settings = cli.bench_settings(args)
     assert bench_settings.model_dump() == worker_settings.model_dump()
     (_, bench), = cli.build_classifiers(bench_settings, [("few-shot", task_from_settings(bench_settings))])

@@ -149,3 +149,32 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     assert out["agreement"]["sequential"]["label_agreement"] == 1.0
     assert out["items_per_s"] > 0 and 0 < out["infer_s"] <= out["wall_s"] and 0 <= out["queue_overhead_pct"] < 100
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))  # cleaned up
+
+
+def test_packed_mode5_with_subsampled_baselines(tiny_model_dir, tmp_path, monkeypatch):
+    """The GPU script's shape of run, on the CPU: mode 5 packed over every ticket, modes 1-4 padded on the first N."""
+    monkeypatch.setenv("TRIAGE_SCORER", "prompt")
+    out = tmp_path / "p.json"
+    rc = cli.main([
+        "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "fp32", "--n", "8", "--fixed-batch", "2",
+        "--attention", "packed", "--sequential-n", "3", "--baseline-n", "5", "--no-interleave", "--gemm-tokens", "32",
+        "--json", str(out), "--no-progress",
+    ])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["complete"]
+    assert doc["settings"]["attention"] == "packed" and doc["settings"]["attention_kernel"] == "torch"
+    modes = {m["key"]: m for m in doc["runs"][0]["modes"]}
+    assert modes["sequential"]["items"] == 3 and modes["sequential"]["subsample"] == 3
+    for k in ("global_pad", "arrival", "bucketed"):
+        assert modes[k]["items"] == 5 and modes[k]["attention"] == "padded"
+    m5 = modes["bucketed_cached"]
+    assert m5["items"] == 8 and m5["subsample"] is None and m5["attention"] == "packed"
+    assert m5["title"].startswith("5 packed")
+    assert m5["tokens"]["computed"] == m5["tokens"]["real"] == m5["tokens"]["work"]  # no padding, prefix not recomputed
+    assert m5["label_agreement"] == 1.0 and m5["max_abs_dprob"] < 1e-5  # over the 3 tickets mode 1 ran
+    clocks = m5["clocks"]
+    assert len(clocks["passes"]) == m5["passes"] and clocks["gpu_s"] is None  # no device clock on the CPU
+    assert sum(p["items"] for p in clocks["passes"]) == 8
+    assert m5["speedup_vs_sequential"] == pytest.approx(
+        m5["items_per_s"] / modes["sequential"]["items_per_s"], rel=1e-9)  # per-ticket rates

@@ -30,7 +30,7 @@ def test_demo_runs_end_to_end_and_cleans_up(triage_env, key_prefix, redis_url, t
     assert sum(sm["labels"].values()) == 20
     assert set(sm["labels"]) <= {"billing", "technical", "account", "shipping", "other", "needs_review"}
     assert sm["model"] == triage_env["TRIAGE_MODEL"] and sm["device"] == "cpu" and sm["dtype"] == "fp32"
-    assert sm["batches"] >= 1 and 0 <= sm["padding_pct"] < 100
+    assert sm["windows"] >= 1 and sm["passes"] >= sm["windows"] and 0 <= sm["padding_pct"] < 100
     assert sm["items_per_s_busy"] > 0 and sm["latency_p99_ms"] >= sm["latency_p50_ms"] >= 0
     assert 0 <= sm["agreement_with_intended_label"] <= 1
 

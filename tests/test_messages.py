@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.classifier import InvalidTicket, Prediction, Prepared, RunStats
+from worker.engine.bucketing import Pass
+from worker.engine.types import InvalidTicket, PassStats, Prediction, Prepared, RunStats
 from worker.logs import mask_url
-from worker.stream.classify import classify_isolated
+from worker.stream.classify import run_passes
 from worker.stream.connection import backoff_s
 from worker.stream.messages import Rejected, Ticket, parse_entry
-from worker.stream.metrics import BatchMetrics, Summary, percentile
+from worker.stream.metrics import Summary, WindowMetrics, pass_line, percentile
 from worker.stream.records import dead_letter_fields
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
@@ -65,6 +66,8 @@ def test_blank_subject_is_not_prepended():
         ({b"text": b"ok", b"meta": b"{}" * 501}, "meta is 1002 bytes, over the limit"),
         ({b"text": b"ok", b"id": b""}, "id is empty"),
         ({b"text": b"ok", b"id": b"a\nb"}, "control characters"),
+        ({b"text": b"ok", b"id": "a\u0085b".encode()}, "control characters (U+0085 at position 1"),
+        ({b"text": b"ok", b"id": "\u009b31m".encode()}, "control characters (U+009B at position 0"),
         ({b"text": b"ok", b"id": b"i" * 300}, "longer than 256 bytes"),
         ({b"text": b"ok", b"id": b"\x80"}, "id is not valid UTF-8"),
     ],
@@ -74,6 +77,12 @@ def test_bad_entries_are_rejected_with_a_readable_reason(fields, words):
     assert isinstance(r, Rejected), r
     assert words in r.reason
     assert r.stream_id == SID
+
+
+def test_deeply_nested_valid_meta_is_not_called_invalid():
+    deep = b'{"a": ' * 3000 + b"1" + b"}" * 3000  # valid JSON, deeper than the parser's recursion limit
+    r = parse({b"text": b"ok", b"meta": deep}, max_text_bytes=100_000)
+    assert isinstance(r, Rejected) and "nested too deeply" in r.reason and "not valid" not in r.reason
 
 
 def test_rejection_keeps_the_ticket_id_when_it_is_known():
@@ -110,7 +119,9 @@ def test_fuzz_parser_never_raises_and_always_explains(fields, stream_id, limit):
 @settings(max_examples=200, deadline=None)
 @given(
     st.text(min_size=1, max_size=200).filter(lambda s: s.strip()),
-    st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FFF, exclude_characters="\x7f"), min_size=1, max_size=40)),
+    st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FFF,
+                                                        exclude_categories=("Cc", "Cs")),
+                                 min_size=1, max_size=40).filter(lambda s: s.strip())),
     st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3)),
 )
 def test_fuzz_valid_tickets_round_trip(text, ticket_id, meta):
@@ -141,21 +152,30 @@ def test_percentile_matches_linear_interpolation():
         percentile([1], 101)
 
 
-def test_batch_line_has_the_canonical_fields():
-    m = BatchMetrics(batch=3, items=4, real_tokens=30, padded_tokens=40, tokenize_ms=1, infer_ms=15, write_ms=4, latencies_ms=[10, 20, 30, 40])
+def test_window_line_has_the_canonical_fields_from_the_engine_stats():
+    stats = RunStats()
+    stats.add(PassStats(items=3, real_tokens=20, padded_tokens=24, prefix_tokens_reused=30, infer_ms=10))
+    stats.add(PassStats(items=1, real_tokens=10, padded_tokens=16, infer_ms=5))
+    m = WindowMetrics(window=3, stats=stats, items=4, tokenize_ms=1, write_ms=4, latencies_ms=[10, 20, 30, 40])
     line = m.line()
+    assert line["window"] == 3 and line["passes"] == 2 and line["infer_ms"] == 15.0
     assert line["padding_pct"] == 25.0 and line["items_per_s"] == 200.0
     assert line["latency_p50_ms"] == 25.0 and line["latency_p99_ms"] == pytest.approx(39.7)
-    for key in ("buckets", "prefix_tokens_reused", "read_ms", "backlog", "pending", "dead_lettered"):
+    for key in ("prefix_tokens_reused", "read_ms", "backlog", "pending", "dead_lettered", "split_retries"):
         assert key in line
+    p = pass_line(3, 1, stats, split_retries=0)
+    assert (p["window"], p["pass"], p["items"], p["padding_pct"]) == (3, 1, 4, 25.0)
 
 
 def test_summary_covers_one_period_then_resets():
     s = Summary(period_s=10, now_s=100.0)
     assert not s.due(105.0) and s.due(110.0)
-    s.add(BatchMetrics(batch=1, items=50, dead_lettered=2, latencies_ms=[1.0, 3.0]))
+    stats = RunStats()
+    stats.add(PassStats(items=50, real_tokens=90, padded_tokens=100))
+    s.add(WindowMetrics(window=1, stats=stats, items=50, dead_lettered=2, latencies_ms=[1.0, 3.0]))
     line = s.take(110.0)
     assert (line["items"], line["dead_lettered"], line["items_per_s"], line["latency_p50_ms"]) == (50, 2, 5.0, 2.0)
+    assert (line["windows"], line["passes"], line["padding_pct"]) == (1, 1, 10.0)
     assert s.take(120.0)["items"] == 0
 
 
@@ -180,20 +200,25 @@ def _prep(tag: int):
     return Prepared(ids=(tag, 1, 2), n_text_tokens=1, truncated=False)
 
 
-def test_model_error_is_isolated_to_the_item_that_fails_alone():
+def test_a_failing_pass_is_rerun_ticket_by_ticket_and_the_others_are_untouched():
     calls = []
 
-    def classify(items):
-        calls.append(len(items))
-        if any(p.ids[0] == 13 for p in items):
-            raise RuntimeError("bad tensor")
-        return [_pred() for _ in items], RunStats(items=len(items), passes=1, real_tokens=3 * len(items), padded_tokens=3 * len(items))
+    def classify_passes(items, passes):
+        for p in passes:
+            calls.append(p.size)
+            if any(items[i].ids[0] == 13 for i in p.indices):
+                raise RuntimeError("bad tensor")
+            yield p.indices, [_pred() for _ in p.indices], PassStats(items=p.size, real_tokens=3 * p.size,
+                                                                      padded_tokens=3 * p.size)
 
-    out, stats, retried = classify_isolated(classify, [_prep(1), _prep(13), _prep(2)])
-    assert calls == [3, 1, 1, 1] and retried == 3
-    assert isinstance(out[1], RuntimeError) and out[0] == out[2] == _pred()
-    assert stats.real_tokens == 6 and stats.passes == 2
-    assert classify_isolated(classify, [_prep(1)])[2] == 0
+    items = [_prep(1), _prep(13), _prep(2), _prep(4)]
+    plan = [Pass((0, 1, 2), (3, 3, 3)), Pass((3,), (3,))]
+    out = list(run_passes(classify_passes, plan, items))
+    assert calls == [3, 1, 1, 1, 1]
+    assert [r.indices for r in out] == [(0, 1, 2), (3,)] and [r.split_retries for r in out] == [3, 0]
+    assert isinstance(out[0].predictions[1], RuntimeError) and out[0].predictions[0] == out[0].predictions[2] == _pred()
+    assert (out[0].stats.passes, out[0].stats.items, out[0].stats.real_tokens) == (2, 2, 6)
+    assert out[1].predictions == [_pred()] and out[1].stats.passes == 1
 
 
 def _entry(i, fields, deliveries=1):

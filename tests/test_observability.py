@@ -61,7 +61,7 @@ def r(redis_url):
 @pytest.fixture(scope="module")
 def group(tiny_model_dir, redis_url, tmp_path_factory, r):
     prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
-    env = make_env(tiny_model_dir, redis_url, prefix, tmp_path_factory.mktemp("cache"), TRIAGE_MAX_BATCH_ITEMS=8,
+    env = make_env(tiny_model_dir, redis_url, prefix, tmp_path_factory.mktemp("cache"), TRIAGE_WINDOW_MAX_ITEMS=8, TRIAGE_PASS_MAX_ITEMS=8,
                    TRIAGE_MAX_WAIT_MS=30, TRIAGE_CLAIM_IDLE_MS=600_000, TRIAGE_HEARTBEAT_TTL_S=120)
     stream = env["TRIAGE_INPUT_STREAM"]
     # A consumer that read entries and died before any live worker started: they stay pending on it
@@ -136,15 +136,15 @@ def test_metrics_endpoint_counts_what_each_worker_wrote(group, r):
         assert m[("triage_request_duration_seconds_bucket", (("le", "+Inf"),))] == len(results)
         assert m[("triage_request_input_tokens_count", ())] == len(results)
         assert m[("triage_request_input_tokens_sum", ())] == sum(int(f["tokens"]) for f in results)
-        # windows and passes agree with the worker's own "batch" log lines
-        batches = w.events("batch")
+        # windows and passes agree with the worker's own "window" log lines
+        batches = w.events("window")
         assert m[("triage_window_size_count", ())] == len(batches)
         assert m[("triage_window_size_sum", ())] == len(results) + len(dead)
         assert m[("triage_window_entries_total", (("source", "new"),))] == len(results) + len(dead)
         for stage in ("read", "tokenization", "inference", "write"):
             assert m[(f"triage_window_{stage}_duration_seconds_count", ())] == len(batches), stage
         assert m[("triage_batch_next_size_sum", ())] == len(results)
-        assert m[("triage_batch_next_size_count", ())] == sum(b["buckets"] for b in batches)
+        assert m[("triage_batch_next_size_count", ())] == sum(b["passes"] for b in batches)
         assert m[("triage_real_tokens_total", ())] == sum(b["real_tokens"] for b in batches)
         assert m[("triage_padded_tokens_total", ())] == sum(b["padded_tokens"] for b in batches)
         assert m[("triage_padded_tokens_total", ())] >= m[("triage_real_tokens_total", ())]
@@ -154,7 +154,7 @@ def test_metrics_endpoint_counts_what_each_worker_wrote(group, r):
         assert info == {"model": group.env["TRIAGE_MODEL"], "device": "cpu", "dtype": "fp32", "version": __version__,
                         "consumer": consumer}
         phases = {dict(labels)["phase"]: v for (name, labels), v in m.items() if name == "triage_worker_phase"}
-        assert phases["reading"] == 1 and sum(phases.values()) == 1, phases
+        assert phases["reading"] + phases["idle"] == 1 and sum(phases.values()) == 1, phases
         assert m[("process_resident_memory_bytes", ())] > 0
     assert total_ok == len(r.xrange(group.env["TRIAGE_RESULTS_STREAM"]))
 

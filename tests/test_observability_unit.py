@@ -12,7 +12,7 @@ from worker.observability.reasons import REASON_CLASSES, reason_class
 from worker.observability.status import _worker
 from worker.observability.status_view import render
 from worker.stream.messages import Rejected, parse_entry
-from worker.stream.metrics import BatchMetrics
+from worker.stream.metrics import WindowMetrics
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
 from worker.stream.window import Window, build_window, poison_reason, to_outcome
@@ -52,10 +52,18 @@ def _raise(texts):
     raise ValueError("tokenizer exploded")
 
 
-def _window_metrics(**kw) -> BatchMetrics:
-    base = dict(batch=1, source="claimed", read_ms=5.0, tokenize_ms=2.0, infer_ms=300.0, write_ms=4.0, backlog=7,
-                pending=9, real_tokens=40, padded_tokens=50, prefix_tokens_reused=30, split_retries=0)
-    return BatchMetrics(**{**base, **kw})
+def _window_metrics(stats: RunStats) -> WindowMetrics:
+    return WindowMetrics(window=1, source="claimed", stats=stats, items=2, dead_lettered=1, read_ms=5.0,
+                         tokenize_ms=2.0, write_ms=4.0, backlog=7, pending=9)
+
+
+def _feed(m, passes: list[tuple[int, int, float]]) -> None:
+    """What the loop does: each pass, then the written outcome, then the window."""
+    run = _run(passes)
+    for p in run.pass_stats:
+        m.on_pass(p)
+    m.on_written(_written())
+    m.on_window(_window_metrics(run))
 
 
 def _written() -> Outcome:
@@ -71,13 +79,14 @@ def _run(passes: list[tuple[int, int, float]]) -> RunStats:
     """A RunStats made of passes (items, padded tokens, infer ms), as the engine builds it."""
     run = RunStats()
     for items, padded, infer_ms in passes:
-        run.add(PassStats(items=items, real_tokens=padded, padded_tokens=padded, infer_ms=infer_ms))
+        run.add(PassStats(items=items, real_tokens=padded - 5, padded_tokens=padded, infer_ms=infer_ms))
     return run
 
 
-def test_observe_batch_feeds_every_metric_from_todays_loop_objects():
+def test_loop_hooks_feed_every_metric_from_the_loops_own_objects():
     m = PrometheusMetrics(CollectorRegistry())
-    m.observe_batch(_window_metrics(), _run([(1, 5, 100.0), (1, 5, 200.0)]), _written())
+    m.set_phase("reading")
+    _feed(m, [(1, 25, 100.0), (1, 25, 200.0)])
     v = m.registry.get_sample_value
     assert v("triage_request_count_total") == 3 and v("triage_request_success_total") == 2
     assert v("triage_request_failure_total", {"reason": "empty_text"}) == 1
@@ -96,7 +105,7 @@ def test_observe_batch_feeds_every_metric_from_todays_loop_objects():
 
 def test_per_pass_records_feed_pass_tokens_and_durations():
     m = PrometheusMetrics(CollectorRegistry())
-    m.observe_batch(_window_metrics(), _run([(3, 48, 120.0), (1, 9, 15.0)]), _written())
+    _feed(m, [(3, 48, 120.0), (1, 9, 15.0)])
     v = m.registry.get_sample_value
     assert v("triage_batch_next_size_sum") == 4 and v("triage_batch_next_tokens_sum") == 57
     assert v("triage_batch_inference_duration_seconds_sum") == pytest.approx(0.135)
@@ -116,7 +125,7 @@ def test_metrics_off_hooks_accept_the_same_calls():
     off = Metrics()
     off.set_phase("inferring")
     off.set_model(model="m", device="cpu", dtype="fp32", consumer="c")
-    off.observe_batch(_window_metrics(), _run([(2, 8, 1.0)]), _written())
+    _feed(off, [(2, 8, 1.0)])
     off.reconnected()
     assert not off.enabled
 

@@ -17,7 +17,7 @@ import time
 import pytest
 import redis
 
-from producer import BacklogFull, ProducerSettings, Result, TriageClient
+from producer import BacklogFull, ProducerSettings, Result, Submitted, TriageClient
 from producer.cli import main as cli_main
 from producer.local_redis import answers, demo_redis, local_redis_server
 from tests.worker_proc import start_worker
@@ -332,3 +332,51 @@ def test_demo_redis_falls_back_to_a_private_server(redis_url):
     with pytest.raises(RuntimeError, match="no Redis answers"):
         with demo_redis("redis://127.0.0.1:1/0", None):
             pass
+
+
+def _answer(r, s, sent, label: str) -> None:
+    """What a worker writes for one submission: a result naming its input entry."""
+    pred = Prediction(label=label, scores={label: 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    fields = result_fields(sent.ticket_id, pred, latency_ms=1.0, model="m", worker="w", stream_id=sent.stream_id)
+    _sink(r, s).write(Outcome(results=[fields]))
+
+
+def test_wait_matches_the_result_to_the_submission_of_a_resent_id(client, r, settings):
+    first = client.submit("charged twice", id="dup")
+    _answer(r, settings, first, "billing")
+    second = client.submit("app crashes", id="dup")  # the same id, sent again: the key still holds the first answer
+    assert client.wait([second], timeout_s=0.3) == {}  # not the earlier answer
+    assert client.wait(["dup"], timeout_s=0.3)["dup"].label == "billing"  # a bare id: the latest result, documented
+    _answer(r, settings, second, "technical")
+    assert client.wait([second], timeout_s=5)["dup"].label == "technical"
+    # the key answers the second send now; the first's own result is still found (in the results stream)
+    got = client.wait([first], timeout_s=5)["dup"]
+    assert got.label == "billing" and got.fields["stream_id"] == first.stream_id
+
+
+def test_cli_wait_from_the_ids_file_of_send(client, r, settings, tmp_path, monkeypatch, redis_url):
+    main = cli_main
+    for k, v in {"TRIAGE_REDIS_URL": redis_url, "TRIAGE_INPUT_STREAM": settings.input_stream,
+                 "TRIAGE_RESULTS_STREAM": settings.results_stream, "TRIAGE_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+                 "TRIAGE_RESULT_KEY_PREFIX": settings.result_key_prefix}.items():
+        monkeypatch.setenv(k, v)
+    old = client.submit("old", id="T-7")
+    _answer(r, settings, old, "billing")
+    tickets = tmp_path / "t.jsonl"
+    tickets.write_text(json.dumps({"id": "T-7", "text": "new"}) + "\n")
+    ids = tmp_path / "ids.jsonl"
+    assert main(["send", str(tickets), "--ids-out", str(ids)]) == 0
+    assert main(["wait", "--from-file", str(ids), "--timeout-s", "0.3"]) == 1  # the earlier answer does not count
+    new = Submitted("T-7", json.loads(ids.read_text())["stream_id"])
+    _answer(r, settings, new, "shipping")
+    assert main(["wait", "--from-file", str(ids), "--timeout-s", "5"]) == 0
+
+
+def test_dead_letters_come_back_decoded(client, r, settings):
+    sent = client.submit(" ", id="blank")
+    dead = dead_letter_fields(stream_id=sent.stream_id, reason="text is empty", payload={"text": " ", "id": "blank"},
+                              deliveries=1, ticket_id="blank")
+    _sink(r, settings).write(Outcome(dead_letters=[dead]))
+    (rec,) = client.dead_letters(5)
+    assert rec["payload"] == {"text": " ", "id": "blank"} and rec["deliveries"] == 1 and rec["reason"] == "text is empty"
+    assert rec["stream_id"] == sent.stream_id and rec["dead_letter_id"]

@@ -61,3 +61,9 @@ def test_bf16_batched_agrees_with_reference(real_clf):
         top = sorted(r.scores.values(), reverse=True)
         assert b.label == r.label or top[0] - top[1] < 0.05
         assert max(abs(b.scores[k] - r.scores[k]) for k in r.scores) < 0.05
+
+
+def test_control_tokens_typed_in_a_ticket_are_plain_text_smollm2(real_clf):
+    from tests.test_engine import assert_user_text_is_plain
+
+    assert_user_text_is_plain(real_clf)

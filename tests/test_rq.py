@@ -26,6 +26,7 @@ from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from worker import rq_jobs
 from worker.rqbatch import plain
 from worker.engine.task import DEFAULT_LABELS
+from worker.rqbatch import BatchWorker
 
 REPO = Path(__file__).resolve().parents[1]
 RQ_CLI = str(Path(sys.executable).with_name("rq"))
@@ -42,6 +43,15 @@ TICKETS = [
 def record_failure(job, connection, exc_type, exc_value, tb):
     """An on_failure callback (allowed via TRIAGE_RQ_ALLOWED_CALLBACKS in the test): leaves a mark in Redis."""
     connection.set(job.meta["mark"], exc_type.__name__, ex=600)
+
+
+class StallingBatchWorker(BatchWorker):
+    """The real batch worker whose forward pass never ends (a long pass on a big model): it
+    marks ``<queue>:in-pass`` in Redis and sleeps, so a test can kill -9 it mid-pass."""
+
+    def _classify(self, entries):
+        self.connection.set(self.queue_names()[0] + ":in-pass", ",".join(e.job.id for e in entries), ex=600)
+        time.sleep(600)
 
 
 class TouchOnUnpickle:
@@ -86,8 +96,8 @@ def _delete_rq_keys(h, key_prefix: str) -> None:
     h.conn.srem("rq:workers", f"rq:worker:{h.worker_name}")
 
 
-def _start_worker(h, *flags: str, **env: str) -> subprocess.Popen:
-    cmd = [RQ_CLI, "worker", "--worker-class", "worker.rqbatch.BatchWorker", "--serializer", "rq.serializers.JSONSerializer"]
+def _start_worker(h, *flags: str, worker_class: str = "worker.rqbatch.BatchWorker", **env: str) -> subprocess.Popen:
+    cmd = [RQ_CLI, "worker", "--worker-class", worker_class, "--serializer", "rq.serializers.JSONSerializer"]
     cmd += ["--url", h.url, "--name", h.worker_name, *flags, h.queue.name]
     log = open(h.log, "wb")
     return subprocess.Popen(cmd, cwd=REPO, env={**h.env, **env}, stdout=log, stderr=subprocess.STDOUT)
@@ -166,6 +176,7 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
 
     results = h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])
     mirrored = {f[b"id"].decode(): f[b"label"].decode() for _, f in results}
+    assert all(f[b"stream_id"].decode() == "rq:" + f[b"id"].decode() for _, f in results)  # the de-duplication key
     assert mirrored == {j.id: Job.fetch(j.id, connection=h.conn, serializer=JSONSerializer).return_value()["label"] for j in good}
 
     batches = _log_events(h, "rq_batch")
@@ -220,8 +231,8 @@ def test_plain_rq_worker_runs_classify_loading_the_model_once(rq_setup, monkeypa
     assert [j.get_status() for j in done] == [JobStatus.FINISHED, JobStatus.FINISHED, JobStatus.FAILED]
     assert all(j.return_value()["label"] in LABELS for j in done[:2])
     assert "ticket text is empty" in done[2].latest_result().exc_string
-    mirrored = [f[b"id"].decode() for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])]
-    assert mirrored == [j.id for j in done[:2]]
+    mirrored = [(f[b"id"].decode(), f[b"stream_id"].decode()) for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])]
+    assert mirrored == [(j.id, "rq:" + j.id) for j in done[:2]]
 
 
 def test_producer_helpers_refuse_pickle_queues(rq_setup):
@@ -254,3 +265,49 @@ def test_started_batch_is_visible_to_rq_and_kept_alive_by_heartbeats(rq_setup):
     BatchHeartbeat(w, entries).beat()
     assert all(h.conn.ttl(e.execution.key) > 5 for e in entries)  # job_monitoring_interval + 60
     w.register_death()
+
+
+def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup, tmp_path):
+    """A job naming a callback outside TRIAGE_RQ_ALLOWED_CALLBACKS is failed before the batch starts:
+    after a kill -9 mid-pass, RQ's registry cleanup in another worker finds only the accepted jobs
+    abandoned, and the refused job's callbacks are neither imported nor run."""
+    h, q = rq_setup, rq_setup.queue
+    mark = h.queue.name + ":refused-callback-ran"
+    probe = tmp_path / "imported"
+    good = enqueue_ticket(q, TICKETS[0])
+    refused = q.enqueue(
+        "worker.rq_jobs.classify", {"text": TICKETS[1]},
+        on_failure=Callback("tests.test_rq.record_failure"),  # a real callback, just not an allowed one here
+        on_success=Callback("tests.rq_import_probe.anything"),  # importing this module leaves a file
+        meta={"mark": mark},
+    )
+    h.jobs += [good, refused]
+    env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
+    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class="tests.test_rq.StallingBatchWorker", **env)
+    try:
+        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
+        in_pass = h.conn.get(q.name + ":in-pass").decode()
+        proc.kill()  # kill -9 mid-pass
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # As if its executions' heartbeats had run out (job_monitoring_interval + 60 s later):
+    registry = q.started_job_registry
+    h.conn.zadd(registry.key, {m: 1 for m in h.conn.zrange(registry.key, 0, -1)}, xx=True)
+    # A second, plain RQ worker: its start-up maintenance runs StartedJobRegistry.cleanup.
+    second = subprocess.run(
+        [RQ_CLI, "worker", "--worker-class", "rq.worker.SimpleWorker", "--serializer", "json", "--burst",
+         "--url", h.url, "--name", h.worker_name + "-2", q.name],
+        cwd=REPO, env={**h.env, "TRIAGE_TEST_PROBE_FILE": str(probe)}, capture_output=True, text=True, timeout=120,
+    )
+    assert second.returncode == 0, second.stderr
+    h.conn.srem("rq:workers", f"rq:worker:{h.worker_name}-2")
+    assert h.conn.get(mark) is None, "the refused failure callback ran"
+    assert not probe.exists(), "the refused success callback's module was imported"
+    assert Job.fetch(good.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED  # abandoned
+    refused = Job.fetch(refused.id, connection=h.conn, serializer=JSONSerializer)
+    assert refused.get_status() == JobStatus.FAILED
+    assert "callback(s) not allowed" in refused.latest_result().exc_string
+    assert in_pass == good.id  # only the accepted job went into the pass

@@ -7,6 +7,7 @@ every test uses its own ticket ids, and the last test stops it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import socket
@@ -29,7 +30,8 @@ def stream_env(tiny_model_dir, redis_url, tmp_path_factory):
     prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
     yield make_env(
         tiny_model_dir, redis_url, prefix, tmp_path_factory.mktemp("cache"),
-        TRIAGE_CONSUMER=f"e2e-{uuid.uuid4().hex[:6]}", TRIAGE_MAX_BATCH_ITEMS=16, TRIAGE_MAX_WAIT_MS=30,
+        TRIAGE_CONSUMER=f"e2e-{uuid.uuid4().hex[:6]}", TRIAGE_WINDOW_MAX_ITEMS=16,
+        TRIAGE_PASS_MAX_ITEMS=16, TRIAGE_MAX_WAIT_MS=30,
         TRIAGE_MAX_TEXT_BYTES=MAX_TEXT_BYTES, TRIAGE_MAX_INPUT_TOKENS=48, TRIAGE_LOG_SUMMARY_S=1,
         TRIAGE_MAX_DELIVERIES=2, TRIAGE_CLAIM_IDLE_MS=300,
     )
@@ -69,11 +71,19 @@ def test_tickets_get_one_result_each_with_a_label_latency_and_key(worker, stream
         latest = json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + rec["id"]))
         assert latest["status"] == "ok" and latest["label"] == rec["label"] and latest["stream_id"] == sid
         assert 0 < r.ttl(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + rec["id"]) <= 86_400
-    batches = worker.events("batch")
-    assert batches and sum(b["items"] for b in batches) >= len(texts)
-    for key in ("buckets", "real_tokens", "padded_tokens", "padding_pct", "prefix_tokens_reused", "read_ms",
+    windows = worker.events("window")
+    assert windows and sum(b["items"] for b in windows) >= len(texts)
+    for key in ("passes", "real_tokens", "padded_tokens", "padding_pct", "prefix_tokens_reused", "read_ms",
                 "tokenize_ms", "infer_ms", "write_ms", "items_per_s", "backlog", "latency_p50_ms", "latency_p99_ms"):
-        assert key in batches[-1], key
+        assert key in windows[-1], key
+    # one "pass" line per forward call, tied to its window
+    passes = worker.events("pass")
+    per_window = {}
+    for p in passes:
+        per_window[p["window"]] = per_window.get(p["window"], 0) + 1
+        assert p["items"] >= 1 and p["infer_ms"] >= 0 and p["padded_tokens"] >= p["real_tokens"] > 0
+    assert all(per_window.get(w["window"], 0) == w["passes"] for w in windows), (per_window, windows)
+    assert not worker.events("batch"), "the per-window line is called 'window' now"
     assert worker.returncode is None, worker.stderr_tail()
 
 
@@ -124,6 +134,67 @@ def test_bad_inputs_are_dead_lettered_with_reasons_and_neighbours_classified(wor
     assert json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + "bad-empty"))["status"] == "dead_letter"
     assert worker.returncode is None, worker.stderr_tail()
     assert r.xpending(stream, "triage")["pending"] == 0
+
+
+def test_dead_letter_keeps_a_bounded_excerpt_with_size_and_hash(worker, stream_env, r):
+    """A 5 MB ticket is refused (too large); its dead letter and latest-result key hold an excerpt of at
+    most 4 KB (TRIAGE_DEAD_LETTER_EXCERPT_BYTES), the entry's size and a hash, not 5 MB twice."""
+    stream = stream_env["TRIAGE_INPUT_STREAM"]
+    fields = {"id": "huge-1", "text": "x" * 5_000_000, "channel": "mail"}
+    huge = r.xadd(stream, fields)
+    blank = r.xadd(stream, {"id": "blank-1", "text": "  "})
+    settled = wait_settled(r, stream_env, [huge, blank], timeout_s=60)
+    kind, rec = settled[huge]
+    assert kind == "dead" and "over the limit" in rec["reason"], rec["reason"]
+    assert len(rec["payload"].encode()) <= 4096 and rec["payload_truncated"] == "1"
+    excerpt = json.loads(rec["payload"])
+    assert excerpt["id"] == "huge-1" and excerpt["channel"] == "mail" and excerpt["text"].startswith("xxxx")
+    raw = [(k.encode(), v.encode()) for k, v in fields.items()]
+    assert int(rec["payload_bytes"]) == sum(len(k) + len(v) for k, v in raw)
+    digest = hashlib.sha256(b"".join(b"%d:%s,%d:%s," % (len(k), k, len(v), v) for k, v in raw)).hexdigest()
+    assert rec["payload_sha256"] == digest
+    key = stream_env["TRIAGE_RESULT_KEY_PREFIX"] + "huge-1"
+    assert json.loads(r.get(key))["status"] == "dead_letter" and r.strlen(key) < 8192
+    assert sum(len(k) + len(v) for k, v in rec.items()) < 8192  # the dead-letter entry itself
+    kind, rec = settled[blank]
+    assert kind == "dead" and rec["payload_truncated"] == "0"
+    assert json.loads(rec["payload"]) == {"id": "blank-1", "text": "  "}
+
+
+@pytest.mark.parametrize("order", ["blank-then-good", "good-then-blank"])
+def test_latest_result_key_follows_entry_order_within_one_window(worker, stream_env, r, order):
+    """Two entries with the same ticket id read in one window: the key holds the later entry's outcome."""
+    stream, tid = stream_env["TRIAGE_INPUT_STREAM"], f"same-{order}"
+    entries = [{"id": tid, "text": "   "}, {"id": tid, "text": "I was charged twice"}]
+    if order == "good-then-blank":
+        entries.reverse()
+    pipe = r.pipeline(transaction=True)  # arrive together: one read, one window, one write
+    for fields in entries:
+        pipe.xadd(stream, fields)
+    first, second = pipe.execute()
+    settled = wait_settled(r, stream_env, [first, second])
+    latest = json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + tid))
+    assert latest["stream_id"] == second, (order, latest)
+    assert latest["status"] == ("ok" if order == "blank-then-good" else "dead_letter")
+    assert {kind for kind, _ in settled.values()} == {"result", "dead"}
+
+
+def test_an_older_entry_written_later_does_not_replace_the_latest_result(worker, stream_env, r):
+    """The key answers the entry with the highest stream id: an older entry with the same ticket id that is
+    written later (reclaimed from a dead consumer here; a later pass of a window does the same) leaves it."""
+    stream, tid = stream_env["TRIAGE_INPUT_STREAM"], "reclaimed-late"
+    pipe = r.pipeline(transaction=True)  # the older entry goes to a consumer that dies with it
+    pipe.xadd(stream, {"id": tid, "text": "where is my parcel?"})
+    pipe.xreadgroup("triage", "ghost-late", {stream: ">"}, count=1)
+    older, delivered = pipe.execute()
+    assert delivered[0][1][0][0] == older
+    newer = r.xadd(stream, {"id": tid, "text": "   "})  # the live worker dead-letters it at once
+    wait_settled(r, stream_env, [newer], timeout_s=30)
+    assert json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + tid))["stream_id"] == newer
+    settled = wait_settled(r, stream_env, [older], timeout_s=30)  # reclaimed after TRIAGE_CLAIM_IDLE_MS, classified
+    assert settled[older][0] == "result"
+    latest = json.loads(r.get(stream_env["TRIAGE_RESULT_KEY_PREFIX"] + tid))
+    assert latest["stream_id"] == newer and latest["status"] == "dead_letter", latest
 
 
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli not installed")

@@ -43,7 +43,8 @@ def test_kill9_mid_batch_then_second_worker_reclaims_everything(triage_env, redi
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     victim, rescuer = f"victim-{uuid.uuid4().hex[:6]}", f"rescuer-{uuid.uuid4().hex[:6]}"
     ids = push(r, triage_env, 60, "k")
-    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_MAX_BATCH_ITEMS=8)) as a:
+    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_WINDOW_MAX_ITEMS=8,
+                      TRIAGE_PASS_MAX_ITEMS=8)) as a:
         # the rescuer's start-up (seconds of imports) overlaps the victim's last moments;
         # it cannot read anything before the victim is frozen a few milliseconds from now
         b = start_worker(env_with(triage_env, TRIAGE_CONSUMER=rescuer, TRIAGE_CLAIM_IDLE_MS=300), "run", "--drain", ready=False)
@@ -90,7 +91,7 @@ def proxied(tiny_model_dir, redis_url, tmp_path_factory, proxy):
     """(env, worker): a worker whose every Redis connection goes through ``proxy``; small batches."""
     prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
     env = make_env(tiny_model_dir, proxy.url, prefix, tmp_path_factory.mktemp("cache"),
-                   TRIAGE_RECONNECT_MAX_S=0.5, TRIAGE_MAX_BATCH_ITEMS=2, TRIAGE_MAX_WAIT_MS=0)
+                   TRIAGE_RECONNECT_MAX_S=0.5, TRIAGE_WINDOW_MAX_ITEMS=2, TRIAGE_PASS_MAX_ITEMS=2, TRIAGE_MAX_WAIT_MS=0)
     with start_worker(env) as w:
         yield env, w
     delete_keys(redis_url, prefix)
@@ -99,13 +100,13 @@ def proxied(tiny_model_dir, redis_url, tmp_path_factory, proxy):
 def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, proxy, redis_url):
     env, w = proxied
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    # 1. the MULTI/EXEC never reaches Redis: the batch is written after reconnecting
-    proxy.drop_at(b"EXEC", after=False)
+    # 1. the settle script never reaches Redis: the window is written after reconnecting
+    proxy.drop_at(b"EVALSHA", after=False)
     ids = push(r, env, 6, "before-exec")
     assert proxy.triggered.wait(30)
     wait_settled(r, env, ids)
-    # 2. the EXEC runs but its reply is lost: the retry sees the entries acked and writes nothing twice
-    proxy.drop_at(b"EXEC", after=True)
+    # 2. the settle script runs but its reply is lost: the retry sees the entries acked and writes nothing twice
+    proxy.drop_at(b"EVALSHA", after=True)
     ids += push(r, env, 6, "after-exec")
     assert proxy.triggered.wait(30)
     wait_settled(r, env, ids)
@@ -127,10 +128,10 @@ def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, p
 def test_sigterm_mid_stream_exits_0_loses_nothing_acks_nothing_unwritten(proxied, redis_url):
     env, w = proxied
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    seen = len(w.events("batch"))
+    seen = len(w.events("window"))
     ids = push(r, env, 300, "t")
     deadline = time.monotonic() + 60
-    while len(w.events("batch")) <= seen:  # one batch of the new tickets is done: mid-stream now
+    while len(w.events("window")) <= seen:  # one window of the new tickets is done: mid-stream now
         assert time.monotonic() < deadline, w.stderr_tail()
         time.sleep(0.01)
     w.signal(signal.SIGTERM)
@@ -172,3 +173,49 @@ def test_second_signal_exits_at_once(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert p.stdout.splitlines() == ["warm stop requested"]
     assert '"event": "warm_shutdown"' in p.stderr and '"event": "cold_shutdown"' in p.stderr
+
+
+def _closed_port_url() -> str:
+    from tests.chaos.redis_server import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: connection refused
+
+
+def test_drain_against_unreachable_redis_gives_up_before_loading_the_model(triage_env):
+    """--drain must not hang: Redis is checked first, the model is never loaded, exit code 3 with a clear reason."""
+    env = env_with(triage_env, TRIAGE_REDIS_URL=_closed_port_url(), TRIAGE_DRAIN_REDIS_TIMEOUT_S=1,
+                   TRIAGE_RECONNECT_MAX_S=0.2)
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(timeout_s=120) == 3, w.stderr_tail()
+    assert not w.events("model_loaded"), "Redis must be checked before the model loads"
+    gave_up = w.events("redis_unreachable")
+    assert gave_up and "TRIAGE_REDIS_URL" in gave_up[-1]["action"], w.stderr_tail()
+    assert w.events("waiting_for_redis")
+
+
+def test_run_waits_for_redis_before_loading_the_model(triage_env):
+    """Run mode: a clear line, then wait and retry (as long as it takes); the first SIGTERM ends the wait."""
+    env = env_with(triage_env, TRIAGE_REDIS_URL=_closed_port_url(), TRIAGE_RECONNECT_MAX_S=0.2)
+    with start_worker(env, "run", ready=False) as w:
+        w.wait_for(lambda e: e.get("event") == "redis_unavailable" and e.get("attempt", 0) >= 3, timeout_s=120)
+        assert not w.events("model_loaded"), "Redis must be checked before the model loads"
+        assert w.stop() == 0, w.stderr_tail()
+    assert w.events("waiting_for_redis") and w.events("worker_stopped")
+
+
+def test_results_key_of_another_type_stops_the_worker_before_anything_is_written(triage_env, redis_url):
+    """Somebody replaces the results stream by a string while the worker runs: the settle script checks the
+    key types first, so nothing of the window is written or acked; the worker stops (exit 1) for an operator."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=f"wt-{uuid.uuid4().hex[:6]}")) as w:
+        r.set(triage_env["TRIAGE_RESULTS_STREAM"], "not a stream")
+        ids = push(r, triage_env, 3, "wrongtype")
+        assert w.wait(timeout_s=60) == 1, w.stderr_tail()
+    assert w.events("wrong_key_type"), w.stderr_tail()
+    assert r.get(triage_env["TRIAGE_RESULTS_STREAM"]) == "not a stream"
+    dead = triage_env["TRIAGE_DEAD_LETTER_STREAM"]
+    assert not r.exists(dead) or r.xlen(dead) == 0
+    pending = {e["message_id"] for e in r.xpending_range(triage_env["TRIAGE_INPUT_STREAM"], GROUP, "-", "+", 10)}
+    assert pending == set(ids), "nothing may be acked without its result"
+    for i in range(3):
+        assert r.get(triage_env["TRIAGE_RESULT_KEY_PREFIX"] + f"wrongtype-{i}") is None

@@ -8,7 +8,7 @@ TRIAGE_LOG_FORMAT=json)::
     with start_worker(triage_env) as w:          # `run`; returns once "worker_ready" is logged
         ...push tickets, wait for results...
         assert w.stop() == 0                     # SIGTERM, wait for exit, return code
-    w.events("batch")                            # parsed JSON log lines with event == "batch"
+    w.events("window")                           # parsed JSON log lines with event == "window"
 
     w = start_worker(env, "run", "--drain")      # any subcommand/args; ready=False to not wait
     assert w.wait(timeout_s=60) == 0

@@ -81,7 +81,8 @@ def build_classifier(
     task = task or task_from_settings(settings)
     name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
     head_prompt = settings.head_prompt if planned_scorer(settings, task, loaded.kind, name) == "head" else "task"
-    prompt = Classifier(loaded, task, engine_options(settings), encoder=encoder, head_prompt=head_prompt)
+    options = engine_options(settings, loaded.model.device)
+    prompt = Classifier(loaded, task, options, encoder=encoder, head_prompt=head_prompt)
     scorer = choose_scorer(prompt, settings)
     bias = calibration_bias(prompt, settings, scorer)
     return prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias)
@@ -98,7 +99,7 @@ def features_classifier(
         loaded = load(settings)
     if encoder is None and settings.encoder:
         encoder = load(settings, settings.encoder)
-    options = engine_options(prompt_scoring(settings))
+    options = engine_options(prompt_scoring(settings), loaded.model.device)
     return Classifier(loaded, task or task_from_settings(settings), options, encoder=encoder, head_prompt=settings.head_prompt)
 
 
@@ -106,27 +107,38 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     """Threads, device, dtype, weights: the one call of ``load_model`` (``name``: another model, e.g. the encoder)."""
     import torch
 
-    from worker.engine.device import pick_device, pick_dtype
+    from worker.engine.device import pick_device, pick_dtype, pick_threads
     from worker.engine.loader import load_model
 
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
     device = pick_device(settings.device)
+    if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
+        torch.set_num_threads(threads)
     return load_model(name or settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
 
 
-def engine_options(settings: Settings) -> EngineOptions:
+# Per-pass caps on a CUDA device when TRIAGE_PASS_* are not set: a window becomes a few large passes.
+# 32k tokens of a 0.5B model are ~25 ms of H200 compute, long enough that launches and the host's
+# per-pass work hide behind it; the overhead (2,048 token-equivalents, as measured on an H200 in
+# issue #10) only steers the padded planner, packed passes have no padding to trade against.
+GPU_PASS_DEFAULTS = {"pass_max_items": 2048, "pass_max_tokens": 32768, "pass_overhead_tokens": 2048}
+
+
+def engine_options(settings: Settings, device=None) -> EngineOptions:
+    """The engine's options from the settings; on CUDA, pass caps the user did not set get GPU defaults."""
     from worker.engine.types import EngineOptions
 
+    caps = {k: getattr(settings, k) for k in GPU_PASS_DEFAULTS}
+    if device is not None and getattr(device, "type", str(device)) == "cuda":
+        caps.update({k: v for k, v in GPU_PASS_DEFAULTS.items() if k not in settings.model_fields_set})
     return EngineOptions(
         max_input_tokens=settings.max_input_tokens,
         truncate=settings.truncate,
         prefix_cache=settings.prefix_cache,
-        pass_max_items=settings.pass_max_items,
-        pass_max_tokens=settings.pass_max_tokens,
-        pass_overhead_tokens=settings.pass_overhead_tokens,
+        **caps,
         confidence_threshold=settings.confidence_threshold,
         fallback_label=settings.fallback_label,
+        attention=settings.attention,
+        cuda_graphs=settings.cuda_graphs,
     )
 
 

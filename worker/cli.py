@@ -11,14 +11,17 @@ COMMANDS = [
     "worker.commands.run",
     "worker.commands.healthcheck",
     "worker.commands.status",
+    "worker.commands.check",
     "worker.commands.verify",
     "worker.commands.eval",
     "worker.commands.fit",
+    "worker.commands.cache",
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triage-worker", description="Classify support tickets from Redis in length-bucketed batches.")
+    parser.add_argument("--version", action="version", version=version_line("triage-worker"))
     sub = parser.add_subparsers(dest="command", required=True)
     for path in COMMANDS:
         try:
@@ -33,7 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_line(prog: str) -> str:
+    """``triage-worker 0.1.0 (Python 3.11.9)``: the installed package's version, without importing torch."""
+    import platform
+
+    try:
+        from importlib.metadata import version
+
+        v = version("triage")
+    except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+        from worker import __version__ as v
+    return f"{prog} {v} (Python {platform.python_version()})"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from worker.redact import install_excepthook, register_env_secrets
+
+    install_excepthook()
+    register_env_secrets()
     args = build_parser().parse_args(argv)
     return int(args._run(args) or 0)
 

@@ -2,34 +2,36 @@
 (rq, redis, transformers) go through the same processors and the same renderer.
 
 Why: ops read one stream of JSON lines (or a readable console when a person
-is watching a TTY), never a mix of formats. Passwords in URLs are masked in
-every value before rendering, whoever logged them.
+is watching a TTY), never a mix of formats. Secrets (URL passwords in any form,
+``password=`` pairs, the configured Redis password itself) are masked in every
+rendered line, whoever logged them; tracebacks never show local variables.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from typing import Any, TextIO
 
 import structlog
 import structlog.tracebacks
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]+)@", re.I)
-
-
-def mask_url(text: str) -> str:
-    """``redis://user:secret@host`` -> ``redis://user:***@host`` (anything else unchanged)."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
-
+from worker.redact import mask_secrets, mask_url, register_env_secrets  # noqa: F401  (mask_url: re-exported)
 
 def _mask_credentials(_logger: Any, _name: str, event_dict: dict) -> dict:
     for k, v in event_dict.items():
-        if isinstance(v, str) and "@" in v and "://" in v:
-            event_dict[k] = mask_url(v)
+        if isinstance(v, str):
+            event_dict[k] = mask_secrets(v)
     return event_dict
+
+
+class _MaskingFormatter(structlog.stdlib.ProcessorFormatter):
+    """The last word on every rendered line (JSON or console, structlog or stdlib): secrets masked,
+    whatever field, exception text or traceback they came in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
 
 
 def _want_json(fmt: str, stream: TextIO) -> bool:
@@ -48,6 +50,7 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
     "auto" (console on a TTY, JSON otherwise). Safe to call again (reconfigures).
     """
     stream = stream or sys.stderr
+    register_env_secrets()  # TRIAGE_REDIS_URL's password is masked even where only its value shows up
     if isinstance(level, str):
         level = logging.getLevelName(level.upper())
         if not isinstance(level, int):
@@ -65,9 +68,12 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
         # No locals in tracebacks: they could hold settings with credentials.
         final = [structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))]
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=getattr(stream, "isatty", lambda: False)())
+        # Plain tracebacks, never rich's "show locals" (it printed a URL password three times).
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=getattr(stream, "isatty", lambda: False)(), exception_formatter=structlog.dev.plain_traceback
+        )
         final = []
-    formatter = structlog.stdlib.ProcessorFormatter(
+    formatter = _MaskingFormatter(
         foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final, renderer],
     )
@@ -88,20 +94,44 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
-    logging.captureWarnings(True)
+    logging.captureWarnings(True)  # py.warnings through the same chain
     global _json_mode
     _json_mode = _want_json(fmt, stream)
-    if "transformers" in sys.modules:
-        route_transformers_logs()
+    if _json_mode:
+        # No progress bars on a JSON stream: transformers/huggingface_hub ones via their switches (below),
+        # bare tqdm ones (the GGUF conversion) via tqdm's env defaults, read when tqdm is first imported.
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    route_transformers_logs()
 
 
 _json_mode = False
 
 
+def json_mode() -> bool:
+    """Whether the last ``configure_logging`` chose JSON lines (then nothing else may be drawn on stderr)."""
+    return _json_mode
+
+
 def route_transformers_logs() -> None:
-    """transformers logs through its own handler (propagate=False) and draws tqdm bars on stderr;
-    send its records through our chain instead, and drop the bars when stderr is JSON.
-    Call after importing transformers if that happened after ``configure_logging``."""
+    """transformers and huggingface_hub log through handlers of their own (a record came out twice:
+    raw, and JSON through the root) and draw tqdm bars on stderr; send their records through our
+    chain only, and drop the bars when stderr is JSON. Safe to call again; call after importing
+    transformers if that happened after ``configure_logging``."""
+    if "huggingface_hub" in sys.modules:
+        for h in list(logging.getLogger("huggingface_hub").handlers):
+            if not getattr(h, "_triage", False):
+                logging.getLogger("huggingface_hub").removeHandler(h)
+        logging.getLogger("huggingface_hub").propagate = True
+        if _json_mode:
+            try:
+                from huggingface_hub.utils import disable_progress_bars
+
+                disable_progress_bars()
+            except ImportError:
+                pass
+    if "transformers" not in sys.modules:
+        return
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
@@ -110,7 +140,6 @@ def route_transformers_logs() -> None:
     hf_logging.enable_propagation()
     if _json_mode:
         hf_logging.disable_progress_bar()
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
 def get_logger(name: str | None = None, **initial: Any) -> structlog.stdlib.BoundLogger:

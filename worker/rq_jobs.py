@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, job_result, latency_ms, ticket_text
+from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, job_result, latency_ms, rq_stream_id, ticket_text
 
-__all__ = ["CLASSIFY_PATH", "InvalidJob", "classify", "job_result", "latency_ms", "ticket_text"]
+__all__ = ["CLASSIFY_PATH", "InvalidJob", "classify", "job_result", "latency_ms", "rq_stream_id", "ticket_text"]
 
 
 def classify(ticket: Mapping[str, Any] | str) -> dict[str, Any]:

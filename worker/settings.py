@@ -60,7 +60,12 @@ class Settings(BaseSettings):
     )
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto = CUDA, then MPS, then CPU.")
     dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field("auto", description="auto = fp16 on GPU; on CPU bf16 if measured faster than fp32, else fp32.")
-    torch_threads: int = Field(0, ge=0, description="Intra-op CPU threads (0 = torch default); set when several workers share a host.")
+    torch_threads: int | Literal["auto"] = Field(
+        "auto",
+        description="Intra-op CPU threads: auto = 1 on hosts with <= 4 usable CPUs (measured 4-6x faster than torch's "
+        "default on a busy 2-core box), else torch's default capped by a container CPU quota; 0 = torch's default; "
+        "N = N. With several workers on one host, set cores / workers.",
+    )
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where converted GGUF weights are cached.")
     labels: str | None = Field(None, description="Comma-separated label names (overrides the default set).")
     task_file: Path | None = Field(None, description="YAML/JSON task: labels with descriptions, examples, instructions.")
@@ -73,15 +78,26 @@ class Settings(BaseSettings):
         description="Tickets drained from the stream per window at most (split into passes by length).",
     )
     pass_max_items: int = Field(
-        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"), description="Tickets per forward pass at most."
+        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"),
+        description="Tickets per forward pass at most (CUDA default 2048 when unset)."
     )
     pass_max_tokens: int = Field(
         8192, ge=1, validation_alias=_env("PASS_MAX_TOKENS", "MAX_BATCH_TOKENS"),
-        description="Padded-token budget per forward pass (items x longest).",
+        description="Token budget per forward pass: padded (items x longest) for padded passes, real tokens for "
+        "packed ones. CUDA default 32768 when unset.",
     )
     pass_overhead_tokens: int = Field(
         32, ge=0, validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
-        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls (raise on GPUs).",
+        description="Fixed cost of one forward call in token-equivalents; trades padding against more calls "
+        "(padded passes; CUDA default 2048 when unset).",
+    )
+    attention: Literal["auto", "padded", "packed"] = Field(
+        "auto",
+        description="auto = packed on CUDA (one unpadded token stream per pass, shared prefix K/V merged by "
+        "log-sum-exp), padded length buckets on CPU/MPS.",
+    )
+    cuda_graphs: bool = Field(
+        True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only)."
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
@@ -134,6 +150,13 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Log level for triage and libraries.")
     log_summary_s: float = Field(30.0, gt=0, description="Period of the summary log line.")
 
+    @field_validator("torch_threads")
+    @classmethod
+    def _threads_not_negative(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("must be 'auto', 0 (torch's default) or a positive number of threads")
+        return v
+
     @field_validator("labels")
     @classmethod
     def _strip_labels(cls, v: str | None) -> str | None:
@@ -148,6 +171,21 @@ class Settings(BaseSettings):
 
     # --- stream worker (worker/stream) ------------------------------------
     prefetch: bool = Field(True, description="Read + tokenize the next window while the model runs the current one.")
+    dead_letter_excerpt_bytes: int = Field(
+        4096, ge=256, description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
+        "and SHA-256), not the whole payload."
+    )
+    drain_redis_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="--drain only: give up with exit code 3 when Redis cannot be reached at start-up for this long "
+        "(run mode waits for Redis as long as it takes).",
+    )
+    input_trim: bool = Field(
+        True,
+        description="Each write trims the input stream below the oldest entry any consumer group still needs "
+        "(XTRIM MINID ~), so acknowledged tickets do not pile up; false: they stay until you trim.",
+    )
 
     # --- RQ integration (worker.rqbatch) ----------------------------------
     rq_allowed_callbacks: str | None = Field(

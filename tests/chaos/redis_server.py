@@ -10,7 +10,6 @@ a server crash is a property of the worker, not luck of the last snapshot.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +20,11 @@ from urllib.parse import quote
 
 import redis
 
-REDIS_SERVER = shutil.which("redis-server")
+from worker.redis_server import find_server_binary
+
+# PATH first, then the embedded-redis extra (worker.redis_server): chaos tests run on a machine without Redis too
+_BINARY = find_server_binary()
+REDIS_SERVER = _BINARY.path if _BINARY else None
 
 
 def free_port() -> int:
@@ -126,7 +129,7 @@ class RedisServer:
 
     def start(self, timeout_s: float = 20.0) -> "RedisServer":
         if not REDIS_SERVER:
-            raise RuntimeError("redis-server is not installed")
+            raise RuntimeError("no redis-server: neither on PATH nor from the embedded-redis extra")
         self.directory.mkdir(parents=True, exist_ok=True)
         conf = self.directory / "redis.conf"
         conf.write_text(self._config())

@@ -33,7 +33,8 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
     batch = 64
     results_maxlen, dead_maxlen = n // 4, bad // 3
     server = redis_server_factory(appendonly=False)  # a memory test: skip fsync so the backlog loads fast
-    env = worker_env(tiny_model_dir, server.url(), tmp_path, TRIAGE_MAX_BATCH_ITEMS=batch, TRIAGE_MAX_INPUT_TOKENS=32,
+    env = worker_env(tiny_model_dir, server.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=batch,
+                     TRIAGE_PASS_MAX_ITEMS=batch, TRIAGE_MAX_INPUT_TOKENS=32,
                      TRIAGE_RESULTS_MAXLEN=results_maxlen, TRIAGE_DEAD_LETTER_MAXLEN=dead_maxlen,
                      TRIAGE_CONSUMER="backlog-a", TRIAGE_LOG_SUMMARY_S=5)
     client = server.client()
@@ -57,7 +58,7 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
         sampler.start()
         wait_until(lambda: _group(client, stream) == (0, 0), timeout_s=sized(300, 1800), interval_s=1.0, what="the backlog to drain")
         samples = sampler.stop()
-        batches_phase1 = len(w.events("batch"))
+        batches_phase1 = len(w.events("window"))
 
         # producer-side protection, against a live worker: 'block' keeps the backlog under the limit
         limit = 200
@@ -92,7 +93,7 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
     early = [kb for kb, f in rss if 0.1 <= f < 0.5] or [kb for kb, _f in rss[: max(1, len(rss) // 2)]] or [0]
     late = [kb for kb, f in rss if f >= 0.75] or [kb for kb, _f in rss[-max(1, len(rss) // 4):]] or [0]
     growth_mb = (statistics.median(late) - statistics.median(early)) / 1024
-    lags = [b["backlog"] for b in w.events("batch")[:batches_phase1] if b.get("backlog") is not None] or [-1]
+    lags = [b["backlog"] for b in w.events("window")[:batches_phase1] if b.get("backlog") is not None] or [-1]
     results_xlen, dead_xlen = client.xlen(env["TRIAGE_RESULTS_STREAM"]), client.xlen(env["TRIAGE_DEAD_LETTER_STREAM"])
     record(
         "backlog",

@@ -18,7 +18,7 @@ from tests.chaos.harness import count_done, push, record, sized, synth_tickets, 
 @pytest.mark.parametrize("workers", sized([2, 3], [1, 2, 3]))
 def test_workers_share_the_group_without_duplicates(launch, workers, chaos_redis, tiny_model_dir, tmp_path):
     n = sized(400, 3000)
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_MAX_BATCH_ITEMS=16,
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=16, TRIAGE_PASS_MAX_ITEMS=16,
                      TRIAGE_CLAIM_IDLE_MS=60_000, TRIAGE_MAX_INPUT_TOKENS=96)
     client = chaos_redis.client()
     results, dead = env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]

@@ -29,7 +29,7 @@ def test_kill9_at_random_points_loses_nothing(launch, chaos_redis, tiny_model_di
         tiny_model_dir,
         chaos_redis.url(),
         tmp_path,
-        TRIAGE_MAX_BATCH_ITEMS=batch,
+        TRIAGE_WINDOW_MAX_ITEMS=batch, TRIAGE_PASS_MAX_ITEMS=batch,
         TRIAGE_CLAIM_IDLE_MS=1500,
         TRIAGE_MAX_DELIVERIES=1000,  # isolate loss from poison detection: a kill counts as a delivery
         TRIAGE_HEARTBEAT_TTL_S=3,

@@ -20,7 +20,8 @@ WORKER_PASSWORD = "w0rker-S3cret:with@odd/chars"
 # The worker's least privileges (docs/reliability.md, "Redis ACL"): its own keys, these commands.
 WORKER_ACL = (
     "~chaos:* resetchannels -@all +client|setname +xgroup|create +xgroup|delconsumer +xreadgroup +xautoclaim "
-    "+xpending +xinfo|groups +xrange +xack +xadd +set +del +type +multi +exec"
+    "+xpending +xinfo|groups +xrange +xack +xadd +xtrim +xclaim +set +get +exists +del +type +multi +exec "
+    "+evalsha +eval"
 )
 
 
@@ -30,7 +31,8 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
     server: RedisServer = redis_server_factory(password=ADMIN_PASSWORD, acl_users={"triage-worker": WORKER_PASSWORD},
                                               acl_rules={"triage-worker": WORKER_ACL})
     env = worker_env(tiny_model_dir, server.url(user="triage-worker"), tmp_path,
-                     TRIAGE_MAX_BATCH_ITEMS=32, TRIAGE_RECONNECT_MAX_S=1, TRIAGE_MAX_INPUT_TOKENS=96,
+                     TRIAGE_WINDOW_MAX_ITEMS=32,
+                     TRIAGE_PASS_MAX_ITEMS=32, TRIAGE_RECONNECT_MAX_S=1, TRIAGE_MAX_INPUT_TOKENS=96,
                      TRIAGE_CONSUMER="restart-a")
     client = server.client()
     tickets = synth_tickets(n, seed=5, prefix="rr")

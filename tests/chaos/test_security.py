@@ -151,3 +151,85 @@ def test_wrong_password_is_retried_and_never_logged(launch, redis_server_factory
         w.kill()
     output = "\n".join(w.lines + w.stdout_lines)
     assert wrong not in output and right not in output and "Pa55word" not in output
+
+
+SECRET = "s3cr3T-Pw/x@y:z"  # "/", "@", ":" need percent-encoding in a URL
+SECRET_ENC = "s3cr3T-Pw%2Fx%40y%3Az"
+SECRET_CORE = "s3cr3T-Pw"  # what must not appear, in any encoding
+
+
+def _url_forms(port: int) -> dict[str, str]:
+    return {
+        "userinfo": f"redis://default:{SECRET_ENC}@127.0.0.1:{port}/0",
+        "no-user": f"redis://:{SECRET_ENC}@127.0.0.1:{port}/0",
+        "query": f"redis://127.0.0.1:{port}/0?password={SECRET_ENC}",
+        "query-user": f"redis://127.0.0.1:{port}/0?username=default&password={SECRET_ENC}",
+    }
+
+
+def _assert_no_secret(where: str, text: str) -> None:
+    for line in text.splitlines():
+        assert SECRET_CORE not in line and SECRET_ENC not in line, f"{where} printed the password: {line[:300]}"
+
+
+def _cli(module: str, env: dict, *args: str, timeout_s: float = 120):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_model_dir, tmp_path):
+    """Every URL form, every output path of real processes: the worker's JSON log (worker_starting, a run),
+    a console-format start-up failure with its traceback (no locals), healthcheck (live and unreachable),
+    producer errors, and the RQ batch worker. Each printed line is scanned for the password."""
+    from tests.chaos.redis_server import free_port
+
+    server = redis_server_factory(password=SECRET)
+    forms = _url_forms(server.port)
+    dead = _url_forms(free_port())
+    dead["unix"] = f"unix://{tmp_path}/no-such.sock?db=0&password={SECRET_ENC}"
+    client = server.client(decode_responses=True)
+
+    # 1. the worker, JSON logs, the issue's ?password= form: start, classify, drain
+    env = worker_env(tiny_model_dir, forms["query"], tmp_path)
+    push(client, env["TRIAGE_INPUT_STREAM"], synth_tickets(5, prefix="pw"))
+    w = launch(env, "run", "--drain")
+    assert w.wait(timeout_s=300) == 0, w.stderr_tail()
+    _assert_no_secret("worker run", "\n".join(w.lines + w.stdout_lines))
+    starting = [r for r in w.logs if r.get("event") == "worker_starting"]
+    assert starting and "password=***" in starting[0]["redis_url"]
+
+    # 2. a start-up failure on the console renderer (what a terminal shows): traceback, never its locals
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for name, url in forms.items():
+        env_c = {**env, "TRIAGE_REDIS_URL": url, "TRIAGE_LOG_FORMAT": "console", "TRIAGE_MODEL": str(broken)}
+        r = _cli("worker", env_c, "run", "--drain")
+        assert r.returncode != 0
+        _assert_no_secret(f"console start-up failure ({name})", r.stdout + r.stderr)
+        assert "Traceback" in r.stderr or "Error" in r.stderr, r.stderr[-2000:]
+
+    # 3. healthcheck against the live server (prints heartbeats) and unreachable ones (prints the error)
+    for name, url in {**forms, **{f"dead-{k}": v for k, v in dead.items()}}.items():
+        r = _cli("worker", {**env, "TRIAGE_REDIS_URL": url}, "healthcheck")
+        _assert_no_secret(f"healthcheck ({name})", r.stdout + r.stderr)
+
+    # 4. producer commands, by env var and by --redis-url, reachable and not
+    for name, url in {**forms, **{f"dead-{k}": v for k, v in dead.items()}}.items():
+        for args in (["backlog"], ["--redis-url", url, "backlog"]):
+            r = _cli("producer", {**env, "TRIAGE_REDIS_URL": url}, *args, timeout_s=60)
+            _assert_no_secret(f"producer {' '.join(args[:1])} ({name})", r.stdout + r.stderr)
+
+    # 5. the RQ batch worker (RQ's CLI, its logs routed through triage's chain)
+    rq_cli = str(Path(sys.executable).with_name("rq"))
+    import subprocess
+
+    r = subprocess.run(
+        [rq_cli, "worker", "--worker-class", "worker.rqbatch.BatchWorker", "--burst", "--url", forms["query-user"],
+         "--name", "pw-test-" + env["TRIAGE_INPUT_STREAM"].split(":")[1], env["TRIAGE_INPUT_STREAM"] + "-rq"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    _assert_no_secret("rq batch worker", r.stdout + r.stderr)

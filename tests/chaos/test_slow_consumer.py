@@ -49,7 +49,8 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
     n = sized(60, 2000)
     batch = 16
     claim_idle_ms = 2000
-    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_MAX_BATCH_ITEMS=batch, TRIAGE_MAX_WAIT_MS=0,
+    env = worker_env(tiny_model_dir, chaos_redis.url(), tmp_path, TRIAGE_WINDOW_MAX_ITEMS=batch,
+                     TRIAGE_PASS_MAX_ITEMS=batch, TRIAGE_MAX_WAIT_MS=0,
                      TRIAGE_CLAIM_IDLE_MS=claim_idle_ms, TRIAGE_MAX_INPUT_TOKENS=64)
     client = chaos_redis.client()
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
@@ -82,7 +83,8 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
         assert time.monotonic() - t_frozen > claim_idle_ms / 1000
         assert not _pending_ids(client, stream, "slow-a")
         a.signal(signal.SIGCONT)
-        a.wait_for("batch", timeout_s=120)  # A finished the window it held (written or dropped)
+        a.wait_for(lambda e: e.get("event") in ("window", "window_dropped"),
+                   timeout_s=120)  # A finished the window it held (written or dropped)
         time.sleep(0.5)
         assert a.stop() == 0, a.stderr_tail()
         assert b.stop() == 0, b.stderr_tail()

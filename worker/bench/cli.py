@@ -15,7 +15,6 @@ import time
 
 # CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
 DEFAULT_N, QUICK_N = 24, 4
-DEFAULT_CPU_THREADS = 1
 DEFAULT_FIXED_BATCH, QUICK_FIXED_BATCH = 8, 2
 SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
@@ -33,17 +32,27 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
     m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
-    m.add_argument("--threads", type=int, help=f"torch intra-op threads on CPU (default {DEFAULT_CPU_THREADS}: steady on a shared CPU, see "
-                   "docs/benchmark.md; 0 = torch's default, which is what the worker uses today)")
+    m.add_argument("--threads", type=int, help="torch intra-op threads (TRIAGE_TORCH_THREADS; default: the worker's "
+                   "'auto' rule, 1 on hosts with <= 4 CPUs; 0 = torch's default; see docs/benchmark.md)")
     m.add_argument("--pass-max-items", "--max-batch-items", dest="pass_max_items", type=int,
                    help="modes 4-6: items per pass at most (TRIAGE_PASS_MAX_ITEMS)")
     m.add_argument("--pass-max-tokens", "--max-batch-tokens", dest="pass_max_tokens", type=int,
                    help="modes 4-6: padded tokens per pass at most (TRIAGE_PASS_MAX_TOKENS)")
+    m.add_argument("--attention", choices=("auto", "padded", "packed"),
+                   help="TRIAGE_ATTENTION for mode 5 and 6 (auto: packed on CUDA, padded on CPU); "
+                        "modes 1-4 always run padded")
     m.add_argument("--fixed-batch", type=int,
                    help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
     r = p.add_argument_group("what to run")
     r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
-    r.add_argument("--no-interleave", action="store_true", help="run modes one after another (default: interleaved batch by batch)")
+    r.add_argument("--no-interleave", action="store_true",
+                   help="run modes one after another, each through classify_passes as the worker does "
+                        "(default on CUDA; "
+                        "on CPU the default interleaves them pass by pass)")
+    r.add_argument("--sequential-n", type=int, metavar="N",
+                   help="mode 1 on the first N tickets only (a large workload; ratios are per-ticket rates)")
+    r.add_argument("--baseline-n", type=int, metavar="N",
+                   help="modes 2-4 on the first N tickets only (mode 5 always runs all of them)")
     r.add_argument("--quick", action="store_true", help=f"{QUICK_N} tickets: a smoke run, well under a minute")
     r.add_argument("--sweep", action="store_true", help="also run mode 5 over a pass_max_items x pass_max_tokens grid")
     r.add_argument("--sweep-items", default=SWEEP_ITEMS, help="grid for --sweep (default %(default)s)")
@@ -75,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.fixed_batch is None:
         args.fixed_batch = QUICK_FIXED_BATCH if args.quick else DEFAULT_FIXED_BATCH
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if n < 1 or args.fixed_batch < 1 or (args.threads is not None and args.threads < 0):
-        print("triage-bench: --n and --fixed-batch must be >= 1, --threads >= 0", file=sys.stderr)
+    if n < 1 or args.fixed_batch < 1 or (args.threads is not None and args.threads < 0) or any(
+        x is not None and x < 1 for x in (args.sequential_n, args.baseline_n)
+    ):
+        print("triage-bench: --n, --fixed-batch, --sequential-n and --baseline-n must be >= 1, --threads >= 0",
+              file=sys.stderr)
         return 2
     return run_benchmark(args, n, modes, sweep)
 
@@ -103,17 +115,14 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
 def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
-    ``--threads`` becomes ``torch_threads`` (default on CPU: ``DEFAULT_CPU_THREADS``; 0 keeps ``TRIAGE_TORCH_THREADS``).
+    ``--threads`` becomes ``torch_threads``; without it the worker's own setting (default "auto") applies.
     """
-    from worker.engine.device import pick_device
     from worker.settings import Settings
 
-    names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url")
+    names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url", "attention")
     settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
     threads = getattr(args, "threads", None)
-    if threads is None:
-        threads = DEFAULT_CPU_THREADS if pick_device(settings.device).type == "cpu" else 0
-    return settings.model_copy(update={"torch_threads": threads}) if threads > 0 else settings
+    return settings if threads is None else settings.model_copy(update={"torch_threads": threads})
 
 
 def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: list[tuple[int, int]], default_threads: int) -> int:
@@ -141,7 +150,13 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
                      "pass_overhead_tokens": settings.pass_overhead_tokens,
                      "window_max_items": settings.window_max_items,
                      "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens,
-                     "scorer": first.scorer.kind, "prefix_cache": settings.prefix_cache},
+                     "scorer": first.scorer.kind, "prefix_cache": settings.prefix_cache,
+                     "attention": first.attention, "attention_kernel": first.attention_kernel,
+                     "cuda_graphs": bool(first.options.cuda_graphs and first.device.type == "cuda"
+                                         and first.attention == "packed"),
+                     "engine_pass_max_items": first.options.pass_max_items,
+                     "engine_pass_max_tokens": first.options.pass_max_tokens,
+                     "sequential_n": args.sequential_n, "baseline_n": args.baseline_n},
         "workload": {
             "source": wk.source, "n": wk.n, "seed": args.seed,
             "words": wl.length_summary([len(t.split()) for t in wk.texts]),
@@ -154,14 +169,18 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
     }
     print(report.header(doc["hardware"], doc["model"], doc["workload"], doc["gemm"], doc["settings"]), flush=True)
     cpu_clock = first.device.type == "cpu"  # CPU-time figures: only where the model runs on the CPU
+    interleave = not args.no_interleave and first.device.type != "cuda"  # a dedicated GPU needs no interleaving
     first_runs: dict = {}
     for prompt, clf in clfs:
         items = clf.prepare_valid(list(wk.texts))
         warm_up(clf, items)
         with _bar(args, len(items) * len(modes), f"{prompt}: modes {','.join(str(MODE_ORDER.index(k) + 1) for k in modes)}") as bar:
-            runs = run_modes(clf, items, [MODES[k] for k in modes], args.fixed_batch, not args.no_interleave, bar.update)
+            runs = run_modes(clf, items, [MODES[k] for k in modes], args.fixed_batch, interleave, bar.update,
+                             args.sequential_n, args.baseline_n)
         for key in modes:
-            print(f"  {prompt} {MODES[key].title}: {len(items)} tickets, {runs[key].wall_s:.1f}s wall, {runs[key].cpu_s:.1f}s CPU",
+            done = sum(p is not None for p in runs[key].preds)
+            print(f"  {prompt} {runs[key].title}: {done} tickets, {runs[key].wall_s:.1f}s wall, "
+                  f"{runs[key].cpu_s:.1f}s CPU",
                   file=sys.stderr, flush=True)
         base = runs.get("sequential")
         first_runs = first_runs or {k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"}
@@ -174,9 +193,12 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         print(f"\n[{prompt}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, same {len(items)} tickets\n"
               + report.table(summaries), flush=True)
         if sweep:
-            entry["sweep"] = run_sweep(args, clf, items, sweep, shape, doc["gemm"], cpu_clock)
+            entry["sweep"] = run_sweep(args, clf, items, sweep, shape, doc["gemm"], cpu_clock, interleave)
             print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
+        entry["cuda_graphs"] = graph_stats(clf)
         doc["runs"].append(entry)
+        if args.json:  # as it goes: a run cut short by a time limit still leaves every finished prompt
+            report.write_json(args.json, {**doc, "complete": False, "total_s": time.perf_counter() - t_start})
     if getattr(args, "backbones", None):
         from worker.bench import backbones as bb
 
@@ -186,14 +208,19 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         print("\nbackbones (the worker's path and scorer for each; passes interleaved)\n" + bb.table(doc["backbones"]), flush=True)
     if args.redis:
         from worker.bench.modes import run_redis
+        from worker.redis_server import redis_or_private
 
         print("\nmode 6: enqueue + `python -m worker run --drain` (few-shot task) ...", flush=True)
-        doc["redis"] = red = run_redis(settings, wk.texts, first.dtype_name, first_runs)
+        # a GPU box without Redis: a private server (PATH or the embedded-redis extra) for the run
+        with redis_or_private(settings.redis_url, log=lambda m: print(m, flush=True), purpose="mode 6") as url:
+            red_settings = settings.model_copy(update={"redis_url": url})
+            doc["redis"] = red = run_redis(red_settings, wk.texts, first.dtype_name, first_runs)
         m5 = next((m for r in doc["runs"] if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"), None)
         if m5 and red.get("items_per_s"):
             red["vs_mode5"] = red["items_per_s"] / m5["items_per_s"]
         print(report.redis_line(red), flush=True)
     doc["total_s"] = time.perf_counter() - t_start
+    doc["complete"] = True
     if args.json:
         report.write_json(args.json, doc)
         print(f"\nJSON: {args.json}")
@@ -209,8 +236,8 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
     return 0
 
 
-def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> list[dict]:
-    """Mode 5 at each (pass_max_items, pass_max_tokens), interleaved like the modes: where throughput saturates."""
+def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool, interleave: bool = True) -> list[dict]:
+    """Mode 5 at each (pass_max_items, pass_max_tokens), planned as the worker plans: where throughput saturates."""
     from worker.bench import report
     from worker.bench.modes import MODES, execute, start
 
@@ -218,10 +245,15 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> lis
 
     spec = MODES["bucketed_cached"]
     lengths = [clf.cost_length(p, True) for p in items]
-    overhead = clf.options.pass_overhead_tokens
-    runs = [start(clf, items, spec, bucketing.plan_passes(lengths, i, t, overhead), None) for i, t in grid]
-    with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings, interleaved") as bar:
-        execute(clf, items, runs, not args.no_interleave, bar.update)
+
+    def planned(max_items: int, max_tokens: int) -> list:
+        if clf.attention == "packed":
+            return bucketing.plan_packed(lengths, max_items, max_tokens)
+        return bucketing.plan_passes(lengths, max_items, max_tokens, clf.options.pass_overhead_tokens)
+
+    runs = [start(clf, items, spec, planned(i, t), None) for i, t in grid]
+    with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings") as bar:
+        execute(clf, items, runs, interleave, bar.update)
     rows = []
     for (max_items, max_tokens), run in zip(grid, runs):
         s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
@@ -230,6 +262,15 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool) -> lis
                      "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
                      "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
     return rows
+
+
+def graph_stats(clf) -> dict | None:
+    """CUDA graphs of the packed path: shapes captured, replays, and whether they stayed on (None: not used)."""
+    runner = getattr(clf, "_graphs", None)
+    if runner is None:
+        return None
+    return {"enabled": runner.enabled, "captures": runner.captures, "replays": runner.replays,
+            "shapes": len(runner.graphs)}
 
 
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:

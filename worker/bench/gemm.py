@@ -79,17 +79,21 @@ def work_flops(shape: ModelShape, prefix_len: int, suffix_lengths: Iterable[int]
     return sum(row_flops(shape, n, past=prefix_len) for n in suffix_lengths)
 
 
-def computed_flops(shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None) -> float:
-    """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``).
+def computed_flops(shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None,
+                   packed: bool = False) -> float:
+    """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``); packed: each row its own
+    length.
 
     ``batches`` are ``bucketing.Pass`` objects whose lengths are cost lengths
     (suffix only when cached, prefix + suffix when not).
     """
     total = 0.0
+    past = prefix_len if cached else 0
     for b in batches:
-        width = max(b.max_len, pad_to or 0)
-        past = prefix_len if cached else 0
-        total += b.size * row_flops(shape, width, past=past)
+        if packed:
+            total += sum(row_flops(shape, n, past=past) for n in b.lengths)
+        else:
+            total += b.size * row_flops(shape, max(b.max_len, pad_to or 0), past=past)
     return total
 
 

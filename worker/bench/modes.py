@@ -26,6 +26,7 @@ class ModeSpec:
     title: str
     cached: bool  # shared prefix KV cache on
     global_pad: bool = False  # pad every batch to the longest ticket of the whole set
+    attention: str | None = "padded"  # baselines run padded; None = what the worker runs (the classifier's)
 
 
 MODES: dict[str, ModeSpec] = {
@@ -33,9 +34,16 @@ MODES: dict[str, ModeSpec] = {
     "global_pad": ModeSpec("global_pad", "2 arrival, pad to global max", cached=False, global_pad=True),
     "arrival": ModeSpec("arrival", "3 arrival, pad to batch max", cached=False),
     "bucketed": ModeSpec("bucketed", "4 length buckets, no cache", cached=False),
-    "bucketed_cached": ModeSpec("bucketed_cached", "5 length buckets + prefix cache", cached=True),
+    "bucketed_cached": ModeSpec("bucketed_cached", "5 length buckets + prefix cache", cached=True, attention=None),
 }
 MODE_ORDER = tuple(MODES)
+PACKED_TITLE = "5 packed + shared prefix"  # mode 5's title when the worker's attention is packed
+
+
+def title(spec: ModeSpec, clf) -> str:
+    if spec.attention is None and clf.attention == "packed":
+        return PACKED_TITLE
+    return spec.title
 
 
 @dataclass
@@ -45,7 +53,8 @@ class ModeRun:
     cached: bool
     pad_to: int | None
     passes: list[bucketing.Pass]
-    preds: list  # Prediction per ticket, input order
+    preds: list  # Prediction per ticket, input order (None: not run, see ``subsample``)
+    attention: str = "padded"  # what the passes ran: "padded" or "packed"
     batch_s: list[float] = field(default_factory=list)  # wall time per batch, plan order
     done_s: list[float] = field(default_factory=list)  # per ticket, input order
     item_batch_s: list[float] = field(default_factory=list)  # per ticket, input order
@@ -54,17 +63,29 @@ class ModeRun:
     real_tokens: int = 0  # cost tokens without padding (prefix included when not cached)
     computed_tokens: int = 0  # what the forward passes ran, padding included
     work_tokens: int = 0  # ticket suffix tokens only: the real work
-    work_lengths: list[int] = field(default_factory=list)  # suffix tokens per ticket (text + answer cue)
+    work_lengths: list[int] = field(default_factory=list)  # suffix tokens per ticket run (text + answer cue)
     prefix_tokens_recomputed: int = 0
+    subsample: int | None = None  # only the first N tickets were run (the sequential mode on a large workload)
+    pass_clocks: list[dict] = field(default_factory=list)  # per pass: items, tokens, wall_ms, host_ms, gpu_ms
 
 
-def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int) -> tuple[list[bucketing.Pass], int | None]:
-    """The passes (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode."""
+def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, sequential_n: int | None = None,
+         baseline_n: int | None = None) -> tuple[list[bucketing.Pass], int | None]:
+    """The passes (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode.
+
+    Mode 5 is planned exactly as the worker plans (``clf.plan``: packed or padded, the classifier's
+    caps) over every ticket; the sequential mode runs only the first ``sequential_n`` tickets and
+    modes 2-4 the first ``baseline_n`` when those are given (a large GPU workload).
+    """
     lengths = [clf.cost_length(p, spec.cached) for p in items]
     if spec.key == "sequential":
-        return [bucketing.Pass((i,), (n,)) for i, n in enumerate(lengths)], None
+        return [bucketing.Pass((i,), (n,)) for i, n in enumerate(lengths[:sequential_n])], None
+    if spec.attention is not None:
+        lengths = lengths[:baseline_n]
     if spec.key in ("global_pad", "arrival"):
         return bucketing.plan_arrival_order(lengths, fixed_batch), (max(lengths) if spec.global_pad else None)
+    if spec.attention is None:
+        return clf.plan(items, spec.cached), None
     o = clf.options
     return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens), None
 
@@ -76,6 +97,8 @@ def run_modes(
     fixed_batch: int,
     interleave: bool = True,
     on_batch: Callable[[int], None] = lambda n: None,
+    sequential_n: int | None = None,
+    baseline_n: int | None = None,
 ) -> dict[str, ModeRun]:
     """Run several modes over the same ``items``; ``on_batch(batch_size)`` after every forward pass.
 
@@ -83,8 +106,10 @@ def run_modes(
     its planned (computed) tokens, so every mode meets the same load from other
     processes over the run instead of one mode drawing a quiet minute and another a
     busy one. Each mode's clocks (wall, CPU, ``done_s``) count only its own batches.
+    Without it (a dedicated GPU), each mode runs its whole plan through
+    ``Classifier.classify_passes``, as the worker does (one pass in flight on CUDA).
     """
-    runs = {s.key: start(clf, items, s, *plan(clf, items, s, fixed_batch)) for s in specs}
+    runs = {s.key: start(clf, items, s, *plan(clf, items, s, fixed_batch, sequential_n, baseline_n)) for s in specs}
     execute(clf, items, list(runs.values()), interleave, on_batch)
     return runs
 
@@ -93,12 +118,16 @@ def execute(
     clf, items: Sequence, runs: Sequence[ModeRun], interleave: bool = True, on_batch: Callable[[int], None] = lambda n: None
 ) -> None:
     """Run the planned batches of every run (see ``run_modes`` for the interleaving rule)."""
+    if not interleave:
+        for run in runs:
+            _stream(clf, items, run, on_batch)
+        return
     todo = [list(r.passes) for r in runs]
     total = [max(1, sum(b.size * max(b.max_len, r.pad_to or 0) for b in r.passes)) for r in runs]
     spent = [0] * len(runs)
     while any(todo):
         live = [j for j in range(len(runs)) if todo[j]]
-        j = min(live, key=lambda j: spent[j] / total[j]) if interleave else live[0]
+        j = min(live, key=lambda j: spent[j] / total[j])
         b = todo[j].pop(0)
         _step(clf, items, runs[j], b)
         spent[j] += b.size * max(b.max_len, runs[j].pad_to or 0)
@@ -111,13 +140,31 @@ def run_mode(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: C
 
 def start(clf, items: Sequence, spec: ModeSpec, passes: list[bucketing.Pass], pad_to: int | None) -> ModeRun:
     """A run of ``spec`` over ``items`` with its passes planned, nothing executed yet."""
-    run = ModeRun(spec.key, spec.title, spec.cached, pad_to, passes, preds=[None] * len(items))
+    run = ModeRun(spec.key, title(spec, clf), spec.cached, pad_to, passes, preds=[None] * len(items),
+                  attention=spec.attention or clf.attention)
+    ran = sorted(i for b in passes for i in b.indices)
+    if len(ran) < len(items):
+        run.subsample = len(ran)
     run.done_s = [0.0] * len(items)
     run.item_batch_s = [0.0] * len(items)
-    run.work_lengths = [len(p.ids) for p in items]
+    run.work_lengths = [len(items[i].ids) for i in ran]
     run.work_tokens = sum(run.work_lengths)
-    run.prefix_tokens_recomputed = 0 if spec.cached else clf.prefix_length * len(items)
+    run.prefix_tokens_recomputed = 0 if spec.cached else clf.prefix_length * len(ran)
     return run
+
+
+def _record(run: ModeRun, b: bucketing.Pass, preds, stats, wall_s: float, cpu_s: float) -> None:
+    run.batch_s.append(wall_s)
+    run.wall_s += wall_s
+    run.cpu_s += cpu_s
+    for i, p in zip(b.indices, preds):
+        run.preds[i] = p
+        run.done_s[i] = run.wall_s
+        run.item_batch_s[i] = wall_s
+    run.real_tokens += stats.real_tokens
+    run.computed_tokens += stats.padded_tokens
+    run.pass_clocks.append({"items": b.size, "tokens": stats.padded_tokens, "wall_ms": wall_s * 1000,
+                            "host_ms": stats.host_ms, "gpu_ms": stats.gpu_ms or None})  # RunStats says 0.0 off CUDA
 
 
 def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Pass) -> None:
@@ -125,23 +172,30 @@ def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Pass) -> None:
     chunk = [items[i] for i in b.indices]
     local = bucketing.Pass(tuple(range(len(chunk))), b.lengths)
     c0, t0 = time.process_time(), time.perf_counter()
-    preds, stats = clf.classify(chunk, [local], prefix_cache=run.cached, pad_to=run.pad_to)
+    preds, stats = clf.classify(chunk, [local], prefix_cache=run.cached, pad_to=run.pad_to, attention=run.attention)
     t1, c1 = time.perf_counter(), time.process_time()
-    run.batch_s.append(t1 - t0)
-    run.wall_s += t1 - t0
-    run.cpu_s += c1 - c0
-    for i, p in zip(b.indices, preds):
-        run.preds[i] = p
-        run.done_s[i] = run.wall_s
-        run.item_batch_s[i] = t1 - t0
-    run.real_tokens += stats.real_tokens
-    run.computed_tokens += stats.padded_tokens
+    _record(run, b, preds, stats, t1 - t0, c1 - c0)
+
+
+def _stream(clf, items: Sequence, run: ModeRun, on_batch: Callable[[int], None]) -> None:
+    """The whole plan through ``classify_passes`` (the worker's loop).
+
+    A pass's wall time is the time since the previous result (one pass is in flight ahead on CUDA)."""
+    by_indices = {b.indices: b for b in run.passes}
+    gen = clf.classify_passes(items, run.passes, prefix_cache=run.cached, pad_to=run.pad_to, attention=run.attention)
+    c0, t0 = time.process_time(), time.perf_counter()
+    for indices, preds, stats in gen:
+        t1, c1 = time.perf_counter(), time.process_time()
+        _record(run, by_indices[tuple(indices)], preds, stats, t1 - t0, c1 - c0)
+        on_batch(len(indices))
+        c0, t0 = time.process_time(), time.perf_counter()
 
 
 def warm_up(clf, items: Sequence) -> None:
     """A small cached and uncached pass: first-call allocations and kernel selection stay out of the timings."""
     clf.classify(list(items[:2]), prefix_cache=True)
     clf.classify(list(items[:1]), prefix_cache=False)
+    clf.classify(list(items[:1]), prefix_cache=False, attention="padded")
 
 
 # ------------------------------------------------------------------ mode 6
@@ -194,7 +248,7 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
             out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
             return out
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
-        batches = [e for e in events if e.get("event") == "batch"]  # one line per window
+        batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0
         out.update(
             wall_s=wall_s,
@@ -212,9 +266,11 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
         scores = [json.loads(_s(results[f"t{i}"][b"scores"])) for i in range(len(texts))]
         out["agreement"] = {}
         for name, ref in refs.items():
-            same = sum(a == p.label for a, p in zip(labels, ref.preds))
-            dp = max(abs(s[k] - p.scores[k]) for s, p in zip(scores, ref.preds) for k in p.scores)
-            out["agreement"][name] = {"label_agreement": same / len(texts), "max_abs_dprob": dp}
+            pairs = [(a, s, p) for a, s, p in zip(labels, scores, ref.preds) if p is not None]  # subsampled mode 1
+            same = sum(a == p.label for a, _, p in pairs)
+            dp = max((abs(s[k] - p.scores[k]) for _, s, p in pairs for k in p.scores), default=None)
+            out["agreement"][name] = {"label_agreement": same / len(pairs) if pairs else None, "max_abs_dprob": dp,
+                                      "tickets": len(pairs)}
         return out
     finally:
         keys = list(client.scan_iter(match=ns + "*", count=1000))

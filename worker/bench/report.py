@@ -17,12 +17,18 @@ SCHEMA = "triage-bench/2"  # 2: batch -> pass / window key names (pass_max_items
 
 
 def agreement(preds: Sequence, base: Sequence | None) -> tuple[float | None, float | None]:
-    """Share of tickets with the baseline's label, and the largest |probability difference| on any label."""
+    """Share of tickets with the baseline's label, and the largest |probability difference| on any label.
+
+    Over the tickets both ran (the baseline may have run a subsample).
+    """
     if base is None:
         return None, None
-    same = sum(p.label == b.label for p, b in zip(preds, base))
-    delta = max((abs(p.scores[k] - b.scores[k]) for p, b in zip(preds, base) for k in b.scores), default=0.0)
-    return same / len(base), delta
+    pairs = [(p, b) for p, b in zip(preds, base) if p is not None and b is not None]
+    if not pairs:
+        return None, None
+    same = sum(p.label == b.label for p, b in pairs)
+    delta = max((abs(p.scores[k] - b.scores[k]) for p, b in pairs for k in b.scores), default=0.0)
+    return same / len(pairs), delta
 
 
 def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=None, cpu_clock: bool = True) -> dict:
@@ -32,21 +38,24 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
     shared CPU they measure the work done rather than the time spent waiting for a core;
     on a GPU they mean nothing and are left out.
     """
-    n = len(run.preds)
+    ran = [i for i, p in enumerate(run.preds) if p is not None]
+    n = len(ran)
     work_fl = work_flops(shape, prefix_len, run.work_lengths)
-    comp_fl = computed_flops(shape, run.passes, prefix_len, run.cached, run.pad_to)
+    comp_fl = computed_flops(shape, run.passes, prefix_len, run.cached, run.pad_to, packed=run.attention == "packed")
     agree, dprob = agreement(run.preds, None if base is None else base.preds)
     wall, cpu = run.wall_s, (run.cpu_s if cpu_clock else None)
     peak, peak_cpu = (gemm or {}).get("flops_per_s"), (gemm or {}).get("flops_per_cpu_s") if cpu_clock else None
     t = {"computed": run.computed_tokens, "real": run.real_tokens, "work": run.work_tokens,
          "padding": run.computed_tokens - run.real_tokens, "prefix_recomputed": run.prefix_tokens_recomputed,
-         "text": sum(p.n_tokens for p in run.preds)}
+         "text": sum(run.preds[i].n_tokens for i in ran)}
     return {
         "key": run.key,
         "title": run.title,
         "prefix_cache": run.cached,
         "pad_to": run.pad_to,
         "items": n,
+        "subsample": run.subsample,
+        "attention": run.attention,
         "passes": len(run.passes),
         "wall_s": wall,
         "cpu_s": cpu,
@@ -57,16 +66,18 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
         "padding_pct": padding_pct(t["real"], t["computed"]) if t["computed"] else None,
         "padding_waste_x": _div(t["computed"], t["real"]),
         "computed_per_work_x": _div(t["computed"], t["work"]),
-        "speedup_vs_sequential": _div(base.wall_s, wall) if base is not None else None,
-        "speedup_vs_sequential_cpu": _div(base.cpu_s, cpu) if base is not None and cpu else None,
+        # per-ticket rates: the sequential baseline may have run a subsample
+        "speedup_vs_sequential": _div(_div(n, wall), _rate(base, "wall_s")) if base is not None else None,
+        "speedup_vs_sequential_cpu": _div(_div(n, cpu), _rate(base, "cpu_s")) if base is not None and cpu else None,
         "label_agreement": agree,
         "max_abs_dprob": dprob,
         "latency": {
-            "batch_ms_p50": _ms(percentile(run.item_batch_s, 50, nearest=True)),
-            "batch_ms_p99": _ms(percentile(run.item_batch_s, 99, nearest=True)),
-            "done_s_p50": percentile(run.done_s, 50, nearest=True),
-            "done_s_p99": percentile(run.done_s, 99, nearest=True),
+            "batch_ms_p50": _ms(percentile([run.item_batch_s[i] for i in ran], 50, nearest=True)),
+            "batch_ms_p99": _ms(percentile([run.item_batch_s[i] for i in ran], 99, nearest=True)),
+            "done_s_p50": percentile([run.done_s[i] for i in ran], 50, nearest=True),
+            "done_s_p99": percentile([run.done_s[i] for i in ran], 99, nearest=True),
         },
+        "clocks": clocks(run),
         "flops": {
             "work": work_fl,
             "computed": comp_fl,
@@ -77,6 +88,23 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
             "mfu_cpu": _div(_div(work_fl, cpu), peak_cpu),
         },
     }
+
+
+def clocks(run) -> dict:
+    """Per pass and summed: host wall (perf_counter), host work (launch + postprocess) and device time (CUDA events).
+
+    ``gpu_busy_pct`` = device time / wall time: how much of the mode the GPU was computing.
+    On the CPU ``gpu_ms`` is None.
+    """
+    gpu = [c["gpu_ms"] for c in run.pass_clocks if c.get("gpu_ms") is not None]
+    host = sum(c["host_ms"] for c in run.pass_clocks)
+    gpu_s = sum(gpu) / 1000.0 if gpu else None
+    return {"wall_s": run.wall_s, "host_s": host / 1000.0, "gpu_s": gpu_s,
+            "gpu_busy_pct": _div(100.0 * gpu_s, run.wall_s) if gpu_s is not None else None, "passes": run.pass_clocks}
+
+
+def _rate(run, clock: str) -> float | None:
+    return _div(sum(p is not None for p in run.preds), getattr(run, clock))
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -94,6 +122,7 @@ _SPEED = [
     ("x seq", 5, lambda m: _f(m["speedup_vs_sequential"], 2)),
     ("tok/s", 6, lambda m: _f(m["work_tokens_per_s"], 0)),
     ("MFU %", 5, lambda m: _f(_pct(m["flops"]["mfu"]), 1)),
+    ("GPU busy %", 10, lambda m: _f((m.get("clocks") or {}).get("gpu_busy_pct"), 1)),
     ("CPU s", 6, lambda m: _f(m["cpu_s"], 1)),
     ("x seq CPU", 9, lambda m: _f(m["speedup_vs_sequential_cpu"], 2)),
     ("MFU CPU %", 9, lambda m: _f(_pct(m["flops"]["mfu_cpu"]), 1)),
@@ -109,6 +138,7 @@ _WORK = [
     ("pad %", 5, lambda m: _f(m["padding_pct"], 1)),
     ("pad x", 5, lambda m: _f(m["padding_waste_x"], 2)),
     ("comp/ticket", 11, lambda m: _f(m["computed_per_work_x"], 2)),
+    ("items", 6, lambda m: str(m["items"])),
     ("agree %", 7, lambda m: _f(_pct(m["label_agreement"]), 1)),
     ("max|dp|", 7, lambda m: _f(m["max_abs_dprob"], 4)),
 ]
@@ -161,6 +191,15 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"{settings['window_max_items']}); "
         f"fixed batch {settings['fixed_batch_items']} items (modes 2-3); scorer {settings['scorer']}",
     ]
+    if settings.get("attention"):
+        lines.append(
+            f"engine   : mode 5 attention {settings['attention']} (kernel {settings.get('attention_kernel')}, "
+            f"CUDA graphs "
+            f"{'on' if settings.get('cuda_graphs') else 'off'}), caps {settings.get('engine_pass_max_items')} items / "
+            f"{settings.get('engine_pass_max_tokens')} tokens; modes 1-4 padded"
+            + (f"; mode 1 on the first {settings['sequential_n']} tickets" if settings.get("sequential_n") else "")
+            + (f"; modes 2-4 on the first {settings['baseline_n']}" if settings.get("baseline_n") else "")
+        )
     if gemm:
         per_cpu = f", {gemm['flops_per_cpu_s'] / 1e9:,.1f} GFLOP per CPU-second" if hw["device"] == "cpu" else ""
         lines.append(
@@ -177,7 +216,7 @@ def _threads_note(hw: dict) -> str:
     default = hw.get("torch_default_threads")
     if hw["device"] != "cpu" or default is None or default == hw["torch_threads"]:
         return ""
-    return f" (--threads; torch's default, which the worker uses, is {default})"
+    return f" (TRIAGE_TORCH_THREADS / --threads, as the worker; torch's default is {default})"
 
 
 def write_json(path: str | Path, doc: dict) -> None:

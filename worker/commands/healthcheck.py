@@ -22,17 +22,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import redis
-    from pydantic import ValidationError
 
+    from worker import preflight
     from worker.logs import mask_url
-    from worker.settings import Settings
     from worker.stream.health import fresh_heartbeats
 
-    try:
-        settings = Settings()
-    except ValidationError as e:
-        print(f"triage-worker healthcheck: invalid settings:\n{e}", file=sys.stderr)
-        return 2
+    # unknown TRIAGE_ names are `run`'s and `check`'s business: a probe must not turn a worker unhealthy
+    settings, problems = preflight.load_settings(unknown=False)
+    if problems:
+        for p in problems:
+            print(f"triage-worker healthcheck: {p}", file=sys.stderr)
+        return preflight.EXIT_CONFIG
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     try:
         found = list(fresh_heartbeats(client, settings.heartbeat_key_prefix, args.consumer))

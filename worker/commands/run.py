@@ -1,8 +1,9 @@
-"""Run the long-lived worker: read tickets from the input stream (consumer group), classify
-them in length-bucketed batches, write results + ack in one transaction, log one JSON
-line per batch. Configured by TRIAGE_* environment variables (see docs/worker.md).
+"""Run the long-lived worker: read tickets from the input stream (consumer group) in windows,
+classify them in length-bucketed passes, write each pass's results + acks in one atomic step,
+log one JSON line per pass and per window. Configured by TRIAGE_* environment variables (see
+docs/worker.md).
 
-First SIGTERM/SIGINT: finish and ack the batch in hand, exit 0. Second: exit at once.
+First SIGTERM/SIGINT: finish and ack the windows in hand, exit 0. Second: exit at once.
 """
 
 from __future__ import annotations
@@ -28,20 +29,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
+    from worker import preflight
     from worker.logs import configure_logging, get_logger, mask_url
-    from worker.settings import Settings
 
-    try:
-        settings = Settings(**({"consumer": args.consumer} if args.consumer else {}))
-    except ValidationError as e:
-        print(f"triage-worker run: invalid settings:\n{e}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_format, settings.log_level)
-    get_logger("triage.worker").info(  # before the heavy imports: torch alone takes seconds
+    # Before torch and the model: settings, TRIAGE_ names, task file, model location, Redis URL.
+    settings, problems = preflight.load_settings(consumer=args.consumer)
+    configure_logging(settings.log_format if settings else preflight.log_format_from_env(),
+                      settings.log_level if settings else "INFO")
+    log0 = get_logger("triage.worker")
+    if settings is not None:
+        problems += preflight.worker_problems(settings)
+    if problems:
+        for p in problems:  # one line each, naming the env var or file:line to fix
+            log0.error("config_invalid", setting=p.where, error=str(p))
+        return preflight.EXIT_CONFIG
+    log0.info(  # before the heavy imports: torch alone takes seconds
         "worker_starting",
-        consumer=settings.consumer,        redis_url=mask_url(settings.redis_url),
+        consumer=settings.consumer,
+        redis_url=mask_url(settings.redis_url),
         input_stream=settings.input_stream,
         group=settings.group,
         model=settings.model,

@@ -27,11 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from worker.assemble import build_classifier
     from worker.engine.types import InvalidTicket
     from worker.engine.verify import verify
+    from worker.progress import Progress
     from worker.ticket_files import read_tickets
 
     settings = settings_from_args(args)
@@ -42,12 +41,13 @@ def run(args: argparse.Namespace) -> int:
     skipped = len(rows) - len(keep)
     items = [prepared[i] for i in keep]
     ids = [str(rows[i].get("id", i)) for i in keep]
-    with tqdm(total=len(items), desc="reference (one at a time)", unit="ticket", file=sys.stderr, disable=None) as bar:
+    with Progress(len(items), "reference (one at a time)") as bar:  # a bar on a terminal, log lines elsewhere
         report = verify(clf, items, ids, progress=bar.update)
 
     ok = report.passed(args.flip_margin)
     out = sys.stdout
-    print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  prefix cache {'on' if report.prefix_cache else 'off'}", file=out)
+    print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  "
+          f"prefix cache {'on' if report.prefix_cache else 'off'}  attention {report.attention}", file=out)
     print(f"tickets {report.n} (skipped invalid: {skipped})  passes {report.passes}  padding {report.padding_pct:.1f}%",
           file=out)
     print(f"label agreement {report.agreement_pct:.2f}%   max |dprob| {report.max_abs_delta_prob:.2e}", file=out)

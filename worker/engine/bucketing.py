@@ -99,6 +99,33 @@ def plan_passes(
     return [_make(order[a:b], lengths) for a, b in reversed(spans)]
 
 
+def plan_packed(lengths: Sequence[int], max_items: int, max_tokens: int) -> list[Pass]:
+    """Packed passes (no padding): sort by length, fill each pass up to the caps.
+
+    A packed pass computes its real tokens only, so its cost is ``sum(lengths)`` + the
+    per-call overhead: every cut costs the same tokens and the fewest passes win, which a
+    greedy fill of the sorted run gives (caps: ``n <= max_items``, ``sum(lengths) <=
+    max_tokens``; an item over the budget goes alone). Sorting keeps short tickets
+    together (their results come first) and bounds each pass's longest row, which
+    sizes the attention kernel's grid. O(n log n): fine for windows of many thousands.
+    """
+    if max_items < 1 or max_tokens < 1:
+        raise ValueError("max_items and max_tokens must be >= 1")
+    if any(n < 1 for n in lengths):
+        raise ValueError("every item needs at least one token")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    out, cur, tokens = [], [], 0
+    for i in order:
+        if cur and (len(cur) >= max_items or tokens + lengths[i] > max_tokens):
+            out.append(_make(cur, lengths))
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += lengths[i]
+    if cur:
+        out.append(_make(cur, lengths))
+    return out
+
+
 def plan_arrival_order(lengths: Sequence[int], items_per_pass: int) -> list[Pass]:
     """Fixed-size passes in arrival order (naive batching; the benchmark's baseline)."""
     return [

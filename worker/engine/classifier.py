@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from worker.engine import bucketing
-from worker.engine.device import dtype_name
+from worker.engine import bucketing, varlen
+from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
 from worker.engine.labels import LabelTokens
@@ -36,6 +37,8 @@ from worker.engine.task import Task
 
 # Re-exported: the types used to live here and callers outside the engine may import them from here.
 from worker.engine.types import EngineOptions, InvalidTicket, PassStats, Prediction, Prepared, RunStats
+
+log = logging.getLogger("triage.engine")
 
 __all__ = ["Classifier", "EngineOptions", "InvalidTicket", "PassStats", "Prediction", "Prepared", "RunStats", "softmax"]
 
@@ -88,6 +91,20 @@ class Classifier:
             self.aux_max_tokens = _fit_length(self.options.max_input_tokens, encoder, self.aux_template)
             self.aux_pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
         self._set_scoring(scorer, score_bias)
+        # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
+        # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
+        self.attention = pick_attention(self.options.attention, self.model.device) if self.kind == "decoder" else "padded"
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kernel = self.options.attention_kernel
+        self.attention_kernel = varlen.pick_kernel(kernel, self.model.device, self.model.dtype, head_dim)
+        if self.attention == "packed" and self.attention_kernel != "torch":
+            problem = varlen.self_test(self.attention_kernel, self.model.device, self.model.dtype, head_dim)
+            if problem:
+                log.warning("packed attention falls back to the torch kernel: %s", problem)
+                self.attention_kernel = "torch"
+        self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
+        self.lookahead = self.model.device.type == "cuda"  # classify_passes queues the next pass before yielding
         self._prefix: PrefixKV | None = None
         if self.use_prefix_cache:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -164,8 +181,10 @@ class Classifier:
         if not todo:
             return out
         batch = [texts[i] for i in todo]
-        enc = self.tokenizer(batch, add_special_tokens=False)["input_ids"]
-        aux = self.encoder.tokenizer(batch, add_special_tokens=False)["input_ids"] if self.encoder is not None else None
+        # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
+        enc = self.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        aux = (self.encoder.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+               if self.encoder is not None else None)
         lead, tail = self.template.lead_ids, self.template.tail_ids
         limit = self.max_input_tokens
         for k, (i, ids) in enumerate(zip(todo, enc)):
@@ -199,20 +218,60 @@ class Classifier:
         """Tokens the forward call computes for this ticket (the prefix too when it is not cached; joined: both models)."""
         return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length) + len(p.aux_ids)
 
-    def plan(self, items: Sequence[Prepared], prefix_cache: bool | None = None) -> list[bucketing.Pass]:
-        """Length buckets for ``items`` under this classifier's per-pass caps."""
+    def plan(
+        self, items: Sequence[Prepared], prefix_cache: bool | None = None, attention: str | None = None
+    ) -> list[bucketing.Pass]:
+        """Passes for ``items`` under this classifier's per-pass caps: packed (real tokens) or padded length buckets."""
         o = self.options
         lengths = [self.cost_length(p, prefix_cache) for p in items]
+        if (attention or self.attention) == "packed":
+            return bucketing.plan_packed(lengths, o.pass_max_items, o.pass_max_tokens)
         return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens)
 
     # ---------------------------------------------------------------- forward
     def run_pass(
-        self, items: Sequence[Prepared], prefix_cache: bool | None = None, pad_to: int | None = None
+        self,
+        items: Sequence[Prepared],
+        prefix_cache: bool | None = None,
+        pad_to: int | None = None,
+        attention: str | None = None,
     ) -> np.ndarray:
-        """One forward call for ``items`` (padded to their own longest, or ``pad_to``); returns [B, J] log-scores."""
-        if self.kind == "encoder":
-            fwd = run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to)
-            return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+        """One forward call for ``items``; returns [B, J] log-scores.
+
+        Padded: rows padded to their own longest (or ``pad_to``). Packed: one unpadded
+        token stream (``pad_to`` does not apply). ``attention`` overrides the classifier's.
+        """
+        return self.launch_pass(items, prefix_cache, pad_to, attention).result()
+
+    def launch_pass(
+        self,
+        items: Sequence[Prepared],
+        prefix_cache: bool | None = None,
+        pad_to: int | None = None,
+        attention: str | None = None,
+    ) -> "LaunchedPass":
+        """``run_pass`` without waiting: on CUDA the pass is queued on the device and its scores copied
+        to pinned host memory asynchronously; ``.result()`` waits. Elsewhere it has run already."""
+        timer = LaunchedPass(self.device)
+        scores = self._scores(items, prefix_cache, pad_to, attention, timer.mark)
+        return timer.finish_launch(scores)
+
+    def _scores(
+        self,
+        items: Sequence[Prepared],
+        prefix_cache: bool | None,
+        pad_to: int | None,
+        attention: str | None,
+        on_device=None,
+    ) -> torch.Tensor:
+        """[B, J] float64 log-scores on the model's device (nothing waits for the device here on CUDA).
+
+        ``on_device()`` is called once the host-side preparation is done, before the pass's first device work.
+        """
+        if self.kind == "encoder":  # bidirectional: [CLS] ticket [SEP] rows, padded, no prefix
+            with sdpa_context(self.model.device):
+                fwd = run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to, on_device=on_device)
+                return self.scorer.scores(self.model, fwd).double()
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -220,19 +279,45 @@ class Classifier:
             rows, prefix, pool_from = [p.ids for p in items], self._prefix, 0
         else:
             rows, prefix, pool_from = [self.template.prefix_ids + p.ids for p in items], None, self.prefix_length
-        fwd = run_forward(
-            self.model,
-            rows,
-            self.pad_id,
-            prefix,
-            keep_cache=self.scorer.needs_cache,
-            mean_pool=self.scorer.needs_mean,
-            pool_from=pool_from,
-            pad_to=pad_to,
-        )
-        if self.encoder is not None:  # joined: the encoder on the same tickets, padded to its own longest
-            fwd = _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_pad_id))
-        return self.scorer.scores(self.model, fwd).double().cpu().numpy()
+        if (attention or self.attention) == "packed":
+            from worker.engine.packed import run_packed
+
+            fwd = run_packed(
+                self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache,
+                mean_pool=self.scorer.needs_mean, pool_from=pool_from, kernel=self.attention_kernel,
+                runner=self._graph_runner(), on_device=on_device,
+            )
+            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+        with sdpa_context(self.model.device):
+            fwd = run_forward(
+                self.model,
+                rows,
+                self.pad_id,
+                prefix,
+                keep_cache=self.scorer.needs_cache,
+                mean_pool=self.scorer.needs_mean,
+                pool_from=pool_from,
+                pad_to=pad_to,
+                on_device=on_device,
+            )
+            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+
+    def _join(self, fwd: ForwardOut, items: Sequence[Prepared]) -> ForwardOut:
+        """Joined features: the encoder on the same tickets (padded to its own longest), its states appended."""
+        if self.encoder is None:
+            return fwd
+        with sdpa_context(self.encoder.model.device):
+            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_pad_id))
+
+    def _graph_runner(self):
+        """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
+        if not (self.options.cuda_graphs and self.device.type == "cuda" and self.attention_kernel == "flash"):
+            return None
+        if self._graphs is None:
+            from worker.engine.graphs import GraphRunner
+
+            self._graphs = GraphRunner(self.model, self.pad_id)
+        return self._graphs if self._graphs.enabled else None
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
@@ -257,29 +342,53 @@ class Classifier:
         *,
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
+        attention: str | None = None,
     ) -> Iterator[tuple[tuple[int, ...], list[Prediction], PassStats]]:
         """Classify in length buckets (or the given ``passes``), yielding after every forward call.
 
         Yields ``(indices into items, their predictions, what the pass cost)``; a caller
         can write those results before the next pass runs. ``pad_to`` (a length in cost
-        tokens, see ``cost_length``) pads every pass to one width (benchmark baselines).
+        tokens, see ``cost_length``) pads every padded pass to one width (benchmark baselines).
+        ``attention``: "padded" or "packed" for this call (default: the classifier's).
+
+        On CUDA the next pass is queued before a pass's results are read back and yielded,
+        so the device never waits for the host's per-pass work (building the next token
+        stream, softmax, the caller writing results): one pass in flight ahead.
         """
         cached = self._cached(prefix_cache)
+        attention = attention or self.attention
         if passes is None:
-            passes = self.plan(items, cached)
+            passes = self.plan(items, cached, attention)
+        ahead = self.lookahead
+        pending = None
         for b in passes:
             chunk = [items[i] for i in b.indices]
-            t0 = time.perf_counter()
-            log_scores = self.run_pass(chunk, prefix_cache=cached, pad_to=pad_to)
-            infer_ms = (time.perf_counter() - t0) * 1000
-            stats = PassStats(
-                items=b.size,
-                real_tokens=b.real_tokens,
-                padded_tokens=b.size * max(b.max_len, pad_to or 0),
-                prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
-                infer_ms=infer_ms,
-            )
-            yield b.indices, self.postprocess(log_scores, chunk), stats
+            launched = self.launch_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
+            if pending is not None:
+                yield self._complete(*pending, cached, attention, pad_to)
+            pending = (b, chunk, launched)
+            if not ahead:
+                yield self._complete(*pending, cached, attention, pad_to)
+                pending = None
+        if pending is not None:
+            yield self._complete(*pending, cached, attention, pad_to)
+
+    def _complete(
+        self, b: bucketing.Pass, chunk, launched: "LaunchedPass", cached: bool, attention: str, pad_to: int | None
+    ):
+        log_scores = launched.result()
+        t0 = time.perf_counter()
+        preds = self.postprocess(log_scores, chunk)
+        stats = PassStats(
+            items=b.size,
+            real_tokens=b.real_tokens,
+            padded_tokens=b.real_tokens if attention == "packed" else b.size * max(b.max_len, pad_to or 0),
+            prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
+            infer_ms=launched.wall_ms,
+            gpu_ms=launched.gpu_ms,
+            host_ms=launched.host_ms + (time.perf_counter() - t0) * 1000,
+        )
+        return b.indices, preds, stats
 
     def classify(
         self,
@@ -288,11 +397,14 @@ class Classifier:
         *,
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
+        attention: str | None = None,
     ) -> tuple[list[Prediction], RunStats]:
         """All of ``classify_passes``: predictions in input order, and the passes' stats added up."""
         preds: list[Prediction | None] = [None] * len(items)
         stats = RunStats()
-        for indices, chunk, pass_stats in self.classify_passes(items, passes, prefix_cache=prefix_cache, pad_to=pad_to):
+        for indices, chunk, pass_stats in self.classify_passes(
+            items, passes, prefix_cache=prefix_cache, pad_to=pad_to, attention=attention
+        ):
             for i, p in zip(indices, chunk):
                 preds[i] = p
             stats.add(pass_stats)
@@ -300,8 +412,10 @@ class Classifier:
         return preds, stats  # type: ignore[return-value]
 
     def reference(self, items: Sequence[Prepared]) -> list[Prediction]:
-        """Each ticket alone: no padding, no prefix cache. The answer the fast path must match."""
-        return [self.postprocess(self.run_pass([p], prefix_cache=False), [p])[0] for p in items]
+        """Each ticket alone: no padding, no prefix cache, the model's own attention (padded path).
+
+        The answer the fast path must match."""
+        return [self.postprocess(self.run_pass([p], prefix_cache=False, attention="padded"), [p])[0] for p in items]
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]
@@ -322,6 +436,54 @@ def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
         attention_mask=lm.attention_mask,
         next_pos=lm.next_pos,
     )
+
+
+class LaunchedPass:
+    """A pass queued on the device, with its clocks.
+
+    ``host_ms``: host time spent launching it (token stream, Python, kernel launches or graph
+    replay). ``gpu_ms`` (CUDA only): device time from the pass's first device work (``mark``, after
+    the host-side preparation) to its scores landing in host memory, from CUDA events; device time
+    waiting for the host's launches inside that span counts, time before it does not.
+    ``wall_ms``: launch start until its scores are on the host.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.gpu_ms: float | None = None
+        self.host_ms = self.wall_ms = 0.0
+        self._marked = False
+        if self.cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._t0 = time.perf_counter()
+
+    def mark(self) -> None:
+        """The host has prepared the pass; its device work is queued from here on."""
+        if self.cuda and not self._marked:
+            self._start.record()
+        self._marked = True
+
+    def finish_launch(self, scores: torch.Tensor) -> "LaunchedPass":
+        self.mark()  # a path that never called it: the span is then only the host copy
+        if self.cuda:
+            self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+            self._host.copy_(scores, non_blocking=True)
+            self._end.record()
+        else:
+            self._host = scores.cpu()
+        self.host_ms = (time.perf_counter() - self._t0) * 1000
+        self._done = not self.cuda
+        if self._done:
+            self.wall_ms = self.host_ms
+        return self
+
+    def result(self) -> np.ndarray:
+        if not self._done:
+            self._end.synchronize()
+            self.gpu_ms = self._start.elapsed_time(self._end)
+            self.wall_ms = (time.perf_counter() - self._t0) * 1000
+            self._done = True
+        return self._host.numpy()
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
+from contextlib import nullcontext
 from functools import lru_cache
 
 import torch
@@ -52,5 +55,81 @@ def _gemm_seconds(dtype: torch.dtype, m: int = 256, k: int = 576, n: int = 1536,
     return best
 
 
+# At or below this many usable CPUs, "auto" runs one intra-op thread (docs/benchmark.md, "Threads"):
+# on a busy 2-core host two threads were 4-6x slower than one (every op's barrier waits for a
+# core another process holds), and small hosts are the ones that get shared.
+AUTO_ONE_THREAD_MAX_CPUS = 4
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a container's CPU quota (cgroup v2 or v1),
+    which torch's own default ignores (a pod limited to 1 CPU on a 64-core node would start 32 threads)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return max(1, min(n, quota)) if quota else max(1, n)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]  # v2: "max 100000" or "200000 100000"
+        return None if quota == "max" else math.ceil(int(quota) / int(period))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())  # v1: -1 = no limit
+        period_us = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        return math.ceil(quota_us / period_us) if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def pick_threads(requested: int | str, device: torch.device) -> int | None:
+    """Intra-op threads to set, or None to leave torch's default.
+
+    ``N`` >= 1: N. ``0``: torch's default. ``"auto"``: on CPU, 1 thread when at most
+    AUTO_ONE_THREAD_MAX_CPUS CPUs are usable, else the usable count when a container quota
+    caps it below torch's default, else torch's default; on a GPU, torch's default.
+    """
+    if requested != "auto":
+        return int(requested) or None
+    if device.type != "cpu":
+        return None
+    cpus = usable_cpus()
+    if cpus <= AUTO_ONE_THREAD_MAX_CPUS:
+        return 1
+    return cpus if cpus < torch.get_num_threads() else None
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+ATTENTION_MODES = ("auto", "padded", "packed")
+
+
+def pick_attention(requested: str, device: torch.device) -> str:
+    """``auto``: packed on CUDA (no padding, prefix K/V shared by LSE merge), padded length buckets on CPU/MPS.
+
+    On the CPU one short pass already keeps the cores busy and the padded path measured
+    fastest there; packed runs anywhere (its plain-torch kernel is exact) and is what the
+    CUDA path computes, so ``packed`` on CPU is the way to test it without a GPU.
+    """
+    if requested not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {requested!r}")
+    if requested == "auto":
+        return "packed" if device.type == "cuda" else "padded"
+    return requested
+
+
+def sdpa_context(device: torch.device):
+    """The padded path's SDPA backends, chosen explicitly on CUDA: never cuDNN.
+
+    cuDNN SDPA builds an execution plan for every new (batch, length) shape (~2.4 ms a call
+    measured on an H200, 63% of a profile), and length buckets make every pass a new shape.
+    Elsewhere (CPU, MPS) SDPA's own choice is kept.
+    """
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

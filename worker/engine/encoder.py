@@ -19,8 +19,12 @@ from worker.engine.forward import ForwardOut
 
 
 @torch.inference_mode()
-def run_encoder(model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: int, pad_to: int | None = None) -> ForwardOut:
-    """``h_mean``: mask-weighted mean (float32); ``h_last``: the state at each row's last real token ([SEP])."""
+def run_encoder(
+    model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: int, pad_to: int | None = None, on_device=None
+) -> ForwardOut:
+    """``h_mean``: mask-weighted mean (float32); ``h_last``: the state at each row's last real token ([SEP]).
+
+    ``on_device()`` is called once the host tensors are built, before any device work (pass timing)."""
     dev = model.device
     b, s = len(rows), max(max(len(r) for r in rows), pad_to or 0)
     ids = torch.full((b, s), pad_id, dtype=torch.long)
@@ -28,6 +32,8 @@ def run_encoder(model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: i
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
     mask = (torch.arange(s)[None, :] < lens[:, None]).long()
+    if on_device is not None:
+        on_device()
     ids, mask, lens_d = ids.to(dev), mask.to(dev), lens.to(dev)
     hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state  # token types default to 0
     w = mask.unsqueeze(-1).float()

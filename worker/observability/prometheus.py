@@ -16,7 +16,7 @@ The loop only calls a few hooks (``set_phase``, ``observe_batch``, ``reconnected
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from worker.observability.reasons import REASON_CLASSES, reason_class
 
@@ -60,7 +60,14 @@ class Metrics:
                         dead_reasons: Sequence[str] = ()) -> None:
         pass
 
-    def observe_batch(self, m: Any, stats: Any, written: Any) -> None:
+    # adapters for the stream loop's own objects (PassStats, written Outcome, WindowMetrics)
+    def on_pass(self, stats: Any) -> None:
+        pass
+
+    def on_written(self, written: Any) -> None:
+        pass
+
+    def on_window(self, m: Any) -> None:
         pass
 
 
@@ -228,32 +235,29 @@ class PrometheusMetrics(Metrics):
         for n in input_tokens:
             self.request_input_tokens.observe(n)
 
-    def observe_batch(self, m: Any, stats: Any, written: Any) -> None:
-        """Adapter for today's loop: one call per written window.
+    def on_pass(self, stats: Any) -> None:
+        """After each forward call: the engine's ``PassStats``."""
+        self.observe_pass(size=stats.items, padded_tokens=stats.padded_tokens, infer_s=stats.infer_ms / 1000.0)
 
-        ``m`` is the window's ``BatchMetrics``, ``stats`` its ``RunStats``, ``written`` the ``Outcome``
-        actually written (entries another worker took over are not in it). Ends in phase "reading"."""
-        self.observe_window(
-            size=len(written.ack_ids), source=m.source, read_s=m.read_ms / 1000.0, tokenize_s=m.tokenize_ms / 1000.0,
-            infer_s=m.infer_ms / 1000.0, write_s=m.write_ms / 1000.0, real_tokens=m.real_tokens,
-            padded_tokens=m.padded_tokens, prefix_tokens_reused=m.prefix_tokens_reused, split_retries=m.split_retries,
-        )
-        for size, padded, infer_s in _passes(stats):
-            self.observe_pass(size=size, padded_tokens=padded, infer_s=infer_s)
+    def on_written(self, written: Any) -> None:
+        """After each write: the ``Outcome`` actually written (entries another worker took over are not in it)."""
         self.observe_results(
             n_ok=len(written.results),
             latencies_ms=[float(r["latency_ms"]) for r in written.results if r.get("latency_ms")],
             input_tokens=[int(r["tokens"]) for r in written.results if r.get("tokens")],
             dead_reasons=[d.get("reason", "") for d in written.dead_letters],
         )
+
+    def on_window(self, m: Any) -> None:
+        """After a window's last write: its ``WindowMetrics`` (the passes added up in ``m.stats``)."""
+        st = m.stats
+        self.observe_window(
+            size=m.items + m.dead_lettered, source=m.source, read_s=m.read_ms / 1000.0,
+            tokenize_s=m.tokenize_ms / 1000.0, infer_s=st.infer_ms / 1000.0, write_s=m.write_ms / 1000.0,
+            real_tokens=st.real_tokens, padded_tokens=st.padded_tokens, prefix_tokens_reused=st.prefix_tokens_reused,
+            split_retries=m.split_retries,
+        )
         self.set_queue(m.backlog, m.pending)
-        self.set_phase("reading")
-
-
-def _passes(stats: Any) -> Iterable[tuple[int, int | None, float | None]]:
-    """(size, padded tokens, infer seconds) per pass, from the engine's per-pass records (``RunStats.pass_stats``)."""
-    for p in getattr(stats, "pass_stats", None) or ():
-        yield int(p.items), int(p.padded_tokens), p.infer_ms / 1000.0
 
 
 _current: Metrics = Metrics()

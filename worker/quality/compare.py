@@ -44,7 +44,7 @@ def feature_store(settings, task, root: Path = DEFAULT_CACHE) -> FeatureStore:
     from worker.assemble import engine_options, prompt_scoring
 
     loaded = _loaded(settings, settings.model)
-    return FeatureStore(root, Classifier(loaded, task, engine_options(prompt_scoring(settings))))
+    return FeatureStore(root, Classifier(loaded, task, engine_options(prompt_scoring(settings), loaded.model.device)))
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +105,7 @@ def run_features(
 
 
 def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, progress: bool) -> Features:
-    from tqdm import tqdm
+    from worker.progress import Progress
 
     passes = clf.plan(items)
     tap = FeatureTap(clf.scorer if score else PoolOnly(clf.labels))
@@ -115,7 +114,7 @@ def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, pro
     scores = np.zeros((n, j))
     last: np.ndarray | None = None
     mean: np.ndarray | None = None
-    with tqdm(total=n, desc=desc, unit="ticket", file=sys.stderr, disable=not progress or None, leave=False) as bar:
+    with Progress(n, desc, enabled=progress, leave=False) as bar:
         for b in passes:
             idx = list(b.indices)
             scores[idx] = tapped.run_pass([items[i] for i in idx])

@@ -3,7 +3,10 @@
 Each step mirrors what RQ's ``BaseWorker`` does for one job, using RQ's own
 building blocks (Execution, Job, Result, the worker's handle_* methods):
 
-* start: ``prepare_execution`` + ``prepare_job_execution`` for every job, one pipeline
+* refused: a job check_job refused is failed BEFORE the batch starts, never STARTED: RQ's
+  registry cleanup (in any process) runs the failure callback of a STARTED job it finds
+  abandoned, and a refused job's callbacks must never be imported or run anywhere;
+* start: ``prepare_execution`` + ``prepare_job_execution`` for every accepted job, one pipeline
   (Execution + StartedJobRegistry, status STARTED, out of the intermediate queue);
 * callbacks: as in RQ's ``_finalize_success`` / ``_finalize_failure``, before anything is recorded;
 * success: ``handle_job_success`` minus dependents/repeats, for all plain jobs in ONE
@@ -27,7 +30,7 @@ from rq.job_lifecycle import format_exc_info
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from worker.rqbatch.payload import latency_ms
+from worker.rqbatch.payload import latency_ms, rq_stream_id
 from worker.rqbatch.intake import uses_intermediate_queue
 from worker.rqbatch.jobs import Entry
 from worker.stream.records import result_fields
@@ -128,8 +131,27 @@ def _record_success(worker: "BaseWorker", e: Entry, pipe) -> None:
 
 
 def _mirror(worker: "BaseWorker", e: Entry, pipe, stream: str, maxlen: int, model: str) -> None:
-    fields = result_fields(e.job.id, e.pred, latency_ms=latency_ms(e.job), model=model, worker=worker.name)
+    fields = result_fields(
+        e.job.id, e.pred, latency_ms=latency_ms(e.job), model=model, worker=worker.name, stream_id=rq_stream_id(e.job.id)
+    )
     pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
+
+
+def fail_unstarted(worker: "BaseWorker", e: Entry) -> None:
+    """Fail a job check_job rejected, before anything of the batch is STARTED.
+
+    The job never gets an Execution, a StartedJobRegistry entry or the STARTED status,
+    so no registry cleanup (here or in another worker, after a crash) can find it
+    "abandoned" and run its failure callback. Only an allowed failure callback runs, here.
+    """
+    if e.callbacks_ok and e.job.failure_callback is not None:
+        try:
+            execute_failure_callback(e.job, worker.death_penalty_class, *e.error)
+        except Exception:
+            e.error = sys.exc_info()  # type: ignore[assignment]
+    fail(worker, e)
+    if uses_intermediate_queue(worker):  # else RQ's intermediate-queue cleanup would fail it a second time
+        worker.connection.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
 
 
 def fail(worker: "BaseWorker", e: Entry) -> None:

@@ -58,6 +58,14 @@ def job_result(pred, model: str) -> dict[str, Any]:
     }
 
 
+def rq_stream_id(job_id: str) -> str:
+    """The results stream's de-duplication key (``stream_id``) for an RQ job: ``rq:<job id>``.
+
+    Stream-worker results carry the input entry id there; an RQ job has no entry, and a
+    job re-run after a crash keeps its id, so its id is what identifies "the same ticket"."""
+    return f"rq:{job_id}"
+
+
 def latency_ms(job) -> float | None:
     """Enqueue-to-label time of an RQ job, for the results stream."""
     if job is None or job.enqueued_at is None:

@@ -59,14 +59,27 @@ class BatchWorker(BaseWorker):
         return super().work(*args, **kwargs)
 
     def bootstrap(self, logging_level=None, date_format=None, log_format=None, **kwargs):
+        from worker import preflight
         from worker.assemble import build_classifier
         from worker.logs import configure_logging, get_logger
-        from worker.settings import Settings
+        from worker.redact import register_secret
 
-        self.settings = Settings()
-        configure_logging(self.settings.log_format, logging_level or self.settings.log_level)
+        register_secret(self.connection.connection_pool.connection_kwargs.get("password"))  # RQ's --url
+        # Before the model: settings, TRIAGE_ names, task file, model location (RQ's --url is RQ's).
+        self.settings, problems = preflight.load_settings(unknown=True)
+        if self.settings is not None:
+            problems = [p for p in problems if p.where != "TRIAGE_REDIS_URL"] + preflight.worker_problems(self.settings)
+        fmt = self.settings.log_format if self.settings else preflight.log_format_from_env()
+        configure_logging(fmt, logging_level or (self.settings.log_level if self.settings else "INFO"))
         _route_rq_logs_to_root()
         self.tlog = get_logger("triage.rq", worker=self.name)
+        if problems:
+            for p in problems:
+                self.tlog.error("config_invalid", setting=p.where, error=str(p))
+            raise SystemExit(preflight.EXIT_CONFIG)
+        from worker.logs import route_transformers_logs
+
+        route_transformers_logs()  # imported just now: its handlers go, its records take our chain
         if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
             self.tlog.warning("rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer")
         self.allowed_callbacks = parse_allowed(self.settings.rq_allowed_callbacks)
@@ -110,18 +123,25 @@ class BatchWorker(BaseWorker):
         t0 = time.perf_counter()
         for e in entries:  # before anything is recorded: pure checks, nothing of the job runs
             check_job(e, self.settings.max_text_bytes, self.allowed_callbacks)
-        outcome.start(self, entries, self.get_heartbeat_ttl(entries[0].job))
-        with BatchHeartbeat(self, entries):  # until every callback has run; recording is quick
-            stats = self._classify(entries)
-            ended = now()
-            for e in entries:
-                e.job.ended_at = ended
-            outcome.run_callbacks(self, entries)
-        ok = [e for e in entries if e.error is None]
+        refused = [e for e in entries if e.error is not None]
+        for e in refused:  # failed before any job is STARTED: a crash in the pass cannot leave them "abandoned"
+            outcome.fail_unstarted(self, e)
+        accepted = [e for e in entries if e.error is None]
+        stats = None
+        if accepted:
+            outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
+            with BatchHeartbeat(self, accepted):  # until every callback has run; recording is quick
+                stats = self._classify(accepted)
+                ended = now()
+                for e in accepted:
+                    e.job.ended_at = ended
+                outcome.run_callbacks(self, accepted)
+        ok = [e for e in accepted if e.error is None]
         failed = [e for e in entries if e.error is not None]
         outcome.succeed(self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name)
-        for e in failed:
-            outcome.fail(self, e)
+        for e in accepted:
+            if e.error is not None:
+                outcome.fail(self, e)
         self.tlog.info(
             "rq_batch",
             jobs=len(entries),

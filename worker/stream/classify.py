@@ -1,38 +1,65 @@
-"""Run the engine on a window so that one bad ticket cannot fail its neighbours.
+"""Run the engine on a window pass by pass, so that one bad ticket cannot fail its neighbours.
 
-The whole window goes through ``Classifier.classify`` (length buckets + prefix
-cache). If that raises, every ticket is re-run alone: the ones that pass get
-their label, the ones that still fail come back as the exception (the caller
-dead-letters them with it as the reason).
+The window's tickets are planned into passes (length buckets, ``Classifier.plan``) and run
+by ``Classifier.classify_passes``, which hands back one pass at a time, so its results can
+be written while the next pass runs. If a pass raises, its tickets are re-run alone: the
+ones that pass get their label, the ones that still fail come back as the exception (the
+caller dead-letters them with it as the reason). Pure: no torch (the classifier is passed in).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Sequence
 
-from worker.engine.types import Prediction, Prepared, RunStats
+from worker.engine.bucketing import Pass
+from worker.engine.types import PassStats, Prediction, Prepared, RunStats
 
-ClassifyFn = Callable[[Sequence[Prepared]], tuple[list[Prediction], RunStats]]
+PassesFn = Callable[[Sequence[Prepared], Sequence[Pass]], Iterable[tuple[tuple[int, ...], list[Prediction], PassStats]]]
 
 
-def classify_isolated(classify: ClassifyFn, items: Sequence[Prepared]) -> tuple[list[Prediction | Exception], RunStats, int]:
-    """Predictions (or the exception that item raised alone) in input order, merged stats, items re-run alone."""
-    if not items:
-        return [], RunStats(), 0
-    try:
-        preds, stats = classify(items)
-        return list(preds), stats, 0
-    except Exception as batch_error:  # noqa: BLE001 - isolated below
-        if len(items) == 1:
-            return [batch_error], RunStats(items=1), 0
-    out: list[Prediction | Exception] = []
-    total = RunStats(items=len(items))
-    for item in items:
+@dataclass
+class PassResult:
+    """One planned pass of a window: its tickets (indices into the window's prepared items),
+    a prediction or the exception per ticket, and what the forward calls cost."""
+
+    indices: tuple[int, ...]
+    predictions: list[Prediction | Exception]
+    stats: RunStats = field(default_factory=RunStats)  # 1 forward call, or one per ticket after a failure
+    split_retries: int = 0  # tickets re-run alone because the pass failed
+
+
+def run_passes(classify_passes: PassesFn, plan: Sequence[Pass], items: Sequence[Prepared]) -> Iterator[PassResult]:
+    """Each planned pass in order, from one ``classify_passes`` call over the whole plan (so an engine that
+    queues pass k+1 before handing back pass k keeps doing so); a pass that raises is re-run ticket by
+    ticket, and the passes after it continue in a new call."""
+    todo = list(plan)
+    while todo:
+        done = 0
         try:
-            preds, stats = classify([item])
-        except Exception as e:  # noqa: BLE001 - this item's own failure
+            for indices, preds, cost in classify_passes(items, todo):
+                stats = RunStats()
+                stats.add(cost)
+                done += 1
+                yield PassResult(tuple(indices), list(preds), stats)
+            return
+        except Exception as pass_error:  # noqa: BLE001 - isolated below
+            failed, todo = todo[done], todo[done + 1 :]
+            yield _one_by_one(classify_passes, failed, items, pass_error)
+
+
+def _one_by_one(classify_passes: PassesFn, p: Pass, items: Sequence[Prepared], pass_error: Exception) -> PassResult:
+    """The tickets of a failed pass, each in a forward call of its own: its own prediction or its own error."""
+    stats = RunStats()
+    if p.size == 1:
+        return PassResult(p.indices, [pass_error], stats)
+    out: list[Prediction | Exception] = []
+    for i, length in zip(p.indices, p.lengths):
+        try:
+            _, preds, cost = next(iter(classify_passes(items, [Pass((i,), (length,))])))
+        except Exception as e:  # noqa: BLE001 - this ticket's own failure
             out.append(e)
             continue
         out.append(preds[0])
-        total.merge(stats)
-    return out, total, len(items)
+        stats.add(cost)
+    return PassResult(p.indices, out, stats, split_retries=p.size)

@@ -1,8 +1,11 @@
-"""Liveness as a Redis key with a TTL: present = the loop ran within the last TTL seconds.
+"""Liveness as a Redis key with a TTL, refreshed from its own thread (``Keeper``), and what the
+worker is doing right now (``Status``).
 
-A key that expires on its own needs no cleanup after a kill -9, and any
-process that can reach Redis (``triage-worker healthcheck``, a dashboard,
-redis-cli) can check it.
+A key that expires on its own needs no cleanup after a kill -9, and any process that can
+reach Redis (``triage-worker healthcheck``, ``status``, a dashboard, redis-cli) can check it.
+The key is refreshed by a thread, not between windows, so a pass that runs for minutes does
+not make a working worker look dead; ``phase`` / ``phase_since_ms`` / ``pass_started_at_ms``
+tell a stuck pass from a long one.
 """
 
 from __future__ import annotations
@@ -10,10 +13,63 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import redis
+
+PHASES = ("starting", "reading", "inferring", "writing", "idle")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Status:
+    """The loop's current phase and counters; written by the loop, read by the heartbeat thread."""
+
+    def __init__(self, on_phase: Callable[[str], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._on_phase = on_phase  # e.g. the Prometheus phase gauge
+        self.phase = "starting"
+        self.phase_since_ms = now_ms()
+        self.pass_started_at_ms: int | None = None
+        self.counters: dict[str, int] = {"batches": 0, "items": 0, "dead_lettered": 0}
+
+    def set_phase(self, phase: str) -> None:
+        assert phase in PHASES, phase
+        with self._lock:
+            changed = phase != self.phase
+            if changed:
+                self.phase, self.phase_since_ms = phase, now_ms()
+            if phase != "inferring":
+                self.pass_started_at_ms = None
+        if changed and self._on_phase is not None:
+            self._on_phase(phase)
+
+    def pass_started(self) -> None:
+        """Phase "inferring" and the pass clock start together, so a reader never sees one without the other."""
+        with self._lock:
+            changed = self.phase != "inferring"
+            self.pass_started_at_ms = now_ms()
+            if changed:
+                self.phase, self.phase_since_ms = "inferring", self.pass_started_at_ms
+        if changed and self._on_phase is not None:
+            self._on_phase("inferring")
+
+    def pass_finished(self) -> None:
+        """Kept until the phase moves on: between two passes of a window the last pass's start stays visible."""
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                self.counters[k] = self.counters.get(k, 0) + v
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"phase": self.phase, "phase_since_ms": self.phase_since_ms,
+                    "pass_started_at_ms": self.pass_started_at_ms, **self.counters}
 
 
 class Heartbeat:
@@ -22,24 +78,58 @@ class Heartbeat:
         self.key = key_prefix + consumer
         self.ttl_s = ttl_s
         self.info = {"consumer": consumer, "host": socket.gethostname(), "pid": os.getpid(), **(info or {})}
-        self.started_at_ms = int(time.time() * 1000)
-        self._last_beat_s = float("-inf")
+        self.started_at_ms = now_ms()
 
     def beat(self, **status) -> None:
-        now = time.time()
-        value = {**self.info, "started_at_ms": self.started_at_ms, "beat_at_ms": int(now * 1000), **status}
+        value = {**self.info, "started_at_ms": self.started_at_ms, "beat_at_ms": now_ms(), **status}
         self.client.set(self.key, json.dumps(value), ex=self.ttl_s)
-        self._last_beat_s = time.monotonic()
-
-    def maybe_beat(self, **status) -> bool:
-        """Refresh at a third of the TTL, so two missed refreshes still leave the key alive."""
-        if time.monotonic() - self._last_beat_s < self.ttl_s / 3.0:
-            return False
-        self.beat(**status)
-        return True
 
     def clear(self) -> None:
         self.client.delete(self.key)
+
+
+class Keeper(threading.Thread):
+    """Keeps this worker's claims alive from its own thread, whatever the loop is doing:
+
+    * the heartbeat key, every third of its TTL (two missed beats still leave it alive);
+    * the idle time of the entries it holds (``refresh``, every third of TRIAGE_CLAIM_IDLE_MS), so
+      a prefetched window waiting for its turn, or a pass longer than the claim idle time, is not
+      reclaimed by another worker. A frozen or dead process stops both, which is the point."""
+
+    def __init__(self, heartbeat: Heartbeat, status: Status, *, refresh: Callable[[], object] | None,
+                 refresh_interval_s: float, log):
+        super().__init__(name="triage-keeper", daemon=True)
+        self.heartbeat = heartbeat
+        self.status = status
+        self.refresh = refresh
+        self.beat_interval_s = heartbeat.ttl_s / 3.0
+        self.refresh_interval_s = max(refresh_interval_s, 0.05)
+        self.log = log
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        next_beat = next_refresh = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self.beat_interval_s
+                try:
+                    self.heartbeat.beat(**self.status.snapshot())
+                except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
+                    self.log.debug("heartbeat_failed", error=str(e))
+            if self.refresh is not None and now >= next_refresh:
+                next_refresh = now + self.refresh_interval_s
+                try:
+                    self.refresh()
+                except Exception as e:  # noqa: BLE001 - Redis down: the reader and the writer report it
+                    self.log.debug("refresh_failed", error=f"{type(e).__name__}: {e}")
+            wake = min(next_beat, next_refresh if self.refresh is not None else next_beat)
+            if self._stop_evt.wait(max(wake - time.monotonic(), 0.0)):
+                return
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(timeout=5)
 
 
 def fresh_heartbeats(client: redis.Redis, key_prefix: str, consumer: str | None = None) -> Iterator[tuple[str, dict]]:

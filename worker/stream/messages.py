@@ -126,15 +126,26 @@ def _bad_id(ticket_id: str) -> str | None:
         return "id is empty; omit the 'id' field to use the stream entry id instead"
     if len(ticket_id.encode("utf-8")) > MAX_ID_BYTES:
         return f"id is longer than {MAX_ID_BYTES} bytes"
-    if any(ord(c) < 32 or ord(c) == 127 for c in ticket_id):
-        return "id contains control characters (newline, tab, NUL, ...)"
+    for pos, c in enumerate(ticket_id):
+        if _is_control(c):
+            return (f"id contains control characters (U+{ord(c):04X} at position {pos}; newline, tab, NUL, DEL and "
+                    "U+0080-U+009F are not allowed)")
     return None
+
+
+def _is_control(c: str) -> bool:
+    """C0 (U+0000-U+001F), DEL and C1 (U+0080-U+009F: e.g. U+0085 next line, U+009B CSI, which terminals obey)."""
+    o = ord(c)
+    return o < 32 or 127 <= o <= 159
 
 
 def _bad_meta(meta: str) -> str | None:
     try:
         value = json.loads(meta)
-    except (ValueError, RecursionError) as e:
+    except RecursionError:  # valid or not, the parser gave up on the depth before it could tell
+        return ("meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); "
+                "send a flatter JSON object")
+    except ValueError as e:
         detail = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
         return f"meta is not valid JSON ({detail}); send a JSON object such as {{\"customer\": 42}} or omit it"
     if not isinstance(value, dict):

@@ -1,49 +1,59 @@
-"""The numbers behind the per-batch log line and the periodic summary. Pure: no Redis, no logging.
+"""The numbers behind the log lines: one ``window`` line per drained window, one ``pass`` line per
+forward call, and the periodic ``summary``. Pure: no Redis, no logging.
 
-One canonical line per batch (every field an operator needs to tell "slow
-model" from "padding waste" from "backlog growing" without a second tool).
+One canonical line per window (every field an operator needs to tell "slow model" from
+"padding waste" from "backlog growing" without a second tool); the engine's own ``RunStats``
+carries the pass counters, so they are not copied field by field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.engine.types import padding_pct, percentile
+from worker.engine.types import RunStats, padding_pct, percentile
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
     return None if x is None else round(x, nd)
 
 
-@dataclass
-class BatchMetrics:
-    """What one drained window cost; ``line()`` is the canonical "batch" log record."""
+def pass_line(window: int, index: int, stats: RunStats, *, split_retries: int = 0) -> dict:
+    """The "pass" log record: one planned forward call of a window (``stats`` covers it; after a failure,
+    the calls that re-ran its tickets one by one)."""
+    return {
+        "window": window,
+        "pass": index,
+        "items": stats.items,
+        "real_tokens": stats.real_tokens,
+        "padded_tokens": stats.padded_tokens,
+        "padding_pct": round(stats.padding_pct, 1),
+        "prefix_tokens_reused": stats.prefix_tokens_reused,
+        "infer_ms": _r(stats.infer_ms),
+        "split_retries": split_retries,
+    }
 
-    batch: int
+
+@dataclass
+class WindowMetrics:
+    """What one drained window cost; ``line()`` is the canonical "window" log record."""
+
+    window: int  # sequence number in this process
+    source: str = "new"  # new | pending | claimed
+    stats: RunStats = field(default_factory=RunStats)  # the window's passes, added up (the engine's type)
     items: int = 0  # tickets classified and written
     dead_lettered: int = 0
-    source: str = "new"  # new | pending | claimed
-    buckets: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    prefix_tokens_reused: int = 0
     read_ms: float = 0.0
     tokenize_ms: float = 0.0
-    infer_ms: float = 0.0
-    write_ms: float = 0.0
+    write_ms: float = 0.0  # all the window's writes (results + acks), summed
     latencies_ms: list[float] = field(default_factory=list)
     backlog: int | None = None  # undelivered entries (XINFO GROUPS lag)
     pending: int | None = None  # delivered, not yet acked (whole group)
-    split_retries: int = 0  # items re-run alone after a batch error
-
-    @property
-    def padding_pct(self) -> float:
-        return padding_pct(self.real_tokens, self.padded_tokens)
+    split_retries: int = 0  # tickets re-run alone after a pass failed
 
     @property
     def busy_ms(self) -> float:
-        """Work done for this batch (tokenize + infer + write), not counting waits for tickets to arrive."""
-        return self.tokenize_ms + self.infer_ms + self.write_ms
+        """Work done for this window (tokenize + infer + write), not counting waits for tickets to arrive."""
+        return self.tokenize_ms + self.stats.infer_ms + self.write_ms
 
     @property
     def items_per_s(self) -> float:
@@ -51,19 +61,20 @@ class BatchMetrics:
         return 1000.0 * done / self.busy_ms if self.busy_ms > 0 else 0.0
 
     def line(self) -> dict:
+        st = self.stats
         return {
-            "batch": self.batch,
+            "window": self.window,
             "source": self.source,
             "items": self.items,
             "dead_lettered": self.dead_lettered,
-            "buckets": self.buckets,
-            "real_tokens": self.real_tokens,
-            "padded_tokens": self.padded_tokens,
-            "padding_pct": round(self.padding_pct, 1),
-            "prefix_tokens_reused": self.prefix_tokens_reused,
+            "passes": st.passes,
+            "real_tokens": st.real_tokens,
+            "padded_tokens": st.padded_tokens,
+            "padding_pct": round(st.padding_pct, 1),
+            "prefix_tokens_reused": st.prefix_tokens_reused,
             "read_ms": _r(self.read_ms),
             "tokenize_ms": _r(self.tokenize_ms),
-            "infer_ms": _r(self.infer_ms),
+            "infer_ms": _r(st.infer_ms),
             "write_ms": _r(self.write_ms),
             "items_per_s": _r(self.items_per_s),
             "latency_p50_ms": _r(percentile(self.latencies_ms, 50)),
@@ -75,7 +86,7 @@ class BatchMetrics:
 
 
 class Summary:
-    """Accumulates batches between "summary" lines (every ``TRIAGE_LOG_SUMMARY_S``)."""
+    """Accumulates windows between "summary" lines (every ``TRIAGE_LOG_SUMMARY_S``)."""
 
     MAX_LATENCIES = 100_000  # bound memory on a very busy period; keeps the most recent
 
@@ -86,7 +97,8 @@ class Summary:
 
     def _reset(self, now_s: float) -> None:
         self.since_s = now_s
-        self.batches = 0
+        self.windows = 0
+        self.passes = 0
         self.items = 0
         self.dead_lettered = 0
         self.real_tokens = 0
@@ -96,12 +108,13 @@ class Summary:
         self.reconnects = 0
         self.last_backlog: int | None = None
 
-    def add(self, m: BatchMetrics) -> None:
-        self.batches += 1
+    def add(self, m: WindowMetrics) -> None:
+        self.windows += 1
+        self.passes += m.stats.passes
         self.items += m.items
         self.dead_lettered += m.dead_lettered
-        self.real_tokens += m.real_tokens
-        self.padded_tokens += m.padded_tokens
+        self.real_tokens += m.stats.real_tokens
+        self.padded_tokens += m.stats.padded_tokens
         self.busy_ms += m.busy_ms
         self.latencies_ms.extend(m.latencies_ms)
         if len(self.latencies_ms) > self.MAX_LATENCIES:
@@ -118,7 +131,8 @@ class Summary:
         line = {
             "period_s": round(wall_s, 1),
             "uptime_s": round(now_s - self.started_s, 1),
-            "batches": self.batches,
+            "windows": self.windows,
+            "passes": self.passes,
             "items": self.items,
             "dead_lettered": self.dead_lettered,
             "items_per_s": round(self.items / wall_s, 1),

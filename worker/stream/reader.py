@@ -1,11 +1,12 @@
 """The reader thread: decides what to read next (own pending -> reclaimed -> new), drains a
-window (up to N entries or until the wait bound), parses and tokenizes it, and hands
-it to the main loop through a queue of one.
+window (up to N entries or until the wait bound), parses and tokenizes it, and offers it
+to the loop: ``next_window()`` hands the next one over, ``settled(window)`` says it is
+written and acked (or dropped) and frees its slot.
 
 Why a thread: while the model runs on window k, the next read and tokenization
 (both mostly outside the GIL: socket waits, the Rust tokenizer) happen for window
-k+1. A permit (semaphore of 1) bounds the prefetch to exactly one window, so at
-most two windows are ever read-but-unacked by this process.
+k+1. Slots bound what is held: two windows with prefetch (one in the model, one
+ready), one without, so a process never holds more read-but-unacked entries.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Callable, Sequence
 import redis
 
 from worker.stream.connection import Backoff, is_transient
+from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.source import RawEntry, StreamSource
 from worker.stream.window import Window, build_window
 
@@ -26,26 +28,34 @@ DRAINED = "drained"  # --drain: nothing undelivered, nothing pending
 
 
 class InFlight:
-    """Stream ids read by this process and not yet settled (written + acked or given up).
+    """Stream ids read by this process and not yet settled (written + acked, or dropped), with the
+    group epoch they were read in.
 
-    Re-reads of our own PEL and XAUTOCLAIM can return these again; they are skipped
-    so no entry is classified twice inside one process."""
+    Re-reads of our own PEL and XAUTOCLAIM can return these again; they are skipped so no
+    entry is classified twice inside one process. An id held from an older epoch (a lost
+    group) does not block the same id delivered again by the recreated group."""
 
     def __init__(self) -> None:
-        self._ids: set[str] = set()
+        self._ids: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def add(self, ids: Sequence[str]) -> None:
+    def add(self, ids: Sequence[str], epoch: int = 0) -> None:
         with self._lock:
-            self._ids.update(ids)
+            self._ids.update((i, epoch) for i in ids)
 
-    def discard(self, ids: Sequence[str]) -> None:
+    def discard(self, ids: Sequence[str], epoch: int = 0) -> None:
         with self._lock:
-            self._ids.difference_update(ids)
+            for i in ids:
+                if self._ids.get(i) == epoch:
+                    del self._ids[i]
 
-    def fresh(self, entries: list[RawEntry]) -> list[RawEntry]:
+    def fresh(self, entries: list[RawEntry], epoch: int = 0) -> list[RawEntry]:
         with self._lock:
-            return [e for e in entries if e.stream_id not in self._ids]
+            return [e for e in entries if self._ids.get(e.stream_id) != epoch]
+
+    def snapshot(self, epoch: int) -> list[str]:
+        with self._lock:
+            return [i for i, e in self._ids.items() if e == epoch]
 
     def __len__(self) -> int:
         with self._lock:
@@ -61,6 +71,7 @@ class Reader(threading.Thread):
         source: StreamSource,
         prepare: Callable[[Sequence[str]], list],
         *,
+        guard: GroupGuard,
         max_items: int,
         max_wait_ms: int,
         claim_idle_ms: int,
@@ -70,11 +81,14 @@ class Reader(threading.Thread):
         stop: threading.Event,
         log,
         drain: bool = False,
+        prefetch: bool = True,
         on_reconnect: Callable[[], None] | None = None,
     ):
         super().__init__(name="triage-reader", daemon=True)
         self.source = source
         self.prepare = prepare
+        self.guard = guard
+        guard.on_recovered(self._group_recreated)
         self.max_items = max_items
         self.max_wait_ms = max_wait_ms
         self.claim_idle_ms = claim_idle_ms
@@ -84,8 +98,8 @@ class Reader(threading.Thread):
         self.log = log
         self.drain = drain
         self.on_reconnect = on_reconnect
-        self.queue: queue.Queue = queue.Queue(maxsize=1)
-        self.permit = threading.Semaphore(1)  # released by the main loop: after take (prefetch) or after write
+        self._ready: queue.Queue = queue.Queue()  # windows read and tokenized, then END / DRAINED / a crash
+        self._slots = threading.Semaphore(2 if prefetch else 1)  # windows held (ready or in the loop), not settled
         self.in_flight = InFlight()
         self.backoff = Backoff(reconnect_max_s)
         self._pending_cursor: str | None = "0"  # re-read own PEL first: at start and after every reconnect
@@ -94,30 +108,56 @@ class Reader(threading.Thread):
         self._next_claim_s = 0.0  # claim on start: a dead predecessor's entries come first
         self._partial: list[RawEntry] = []
         self._read_ms = 0.0
+        self._epoch = 0  # the group epoch of the read in progress
+
+    def _group_recreated(self) -> None:
+        """A new group: nothing of ours is pending in it yet; read our own PEL and claims from the start again."""
+        self._pending_cursor = "0"
+        self._claim_cursor = "0-0"
+        self._next_claim_s = 0.0
+
+    # -------------------------------------------------------------- the loop's side
+    def next_window(self, timeout_s: float) -> Window | str | BaseException | None:
+        """The next window; ``END`` (stop requested, everything read was handed over), ``DRAINED`` (--drain:
+        nothing left), the exception the reader died of, or None when nothing came within ``timeout_s``."""
+        try:
+            return self._ready.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def settled(self, window: Window) -> None:
+        """Every entry of ``window`` is written and acked, or the window was dropped: forget its ids, free its slot."""
+        self.in_flight.discard(window.ids, window.epoch)
+        self._slots.release()
+
+    def held(self) -> list[str]:
+        """Ids this process holds in the current group epoch (read, not yet settled): the keeper keeps them fresh."""
+        return self.in_flight.snapshot(self.guard.epoch)
 
     # ----------------------------------------------------------------- thread
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                if not self.permit.acquire(timeout=0.2):
+                if not self._slots.acquire(timeout=0.2):
                     continue
                 window = self._next_window()
                 if window is None:
-                    self.permit.release()
+                    self._slots.release()
                     if self.drain and self._drained():
-                        self.queue.put(DRAINED)
+                        self._ready.put(DRAINED)
                         return
                     continue
-                self.queue.put(window)
-            self.queue.put(END)
+                self._ready.put(window)
+            self._ready.put(END)
         except BaseException as e:  # noqa: BLE001 - the main loop must learn the reader died
             self.log.exception("reader_crashed")
-            self.queue.put(e)
+            self._ready.put(e)
 
     # ------------------------------------------------------------------ reads
     def _next_window(self) -> Window | None:
         self._partial, self._read_ms = [], 0.0
         source = "new"
+        self._epoch = self.guard.epoch
         read_start_s = time.monotonic()  # before any entry is delivered: a stall from here on counts toward the reclaim clock
         try:
             source, entries = self._read()
@@ -135,6 +175,7 @@ class Reader(threading.Thread):
         )
         window.tokenize_ms = (time.perf_counter() - t0) * 1000  # parse + tokenize
         window.read_ms, window.read_started_s = self._read_ms, read_start_s
+        window.epoch = self._epoch
         try:
             state = self.source.group_state()
             if state is not None:
@@ -169,8 +210,8 @@ class Reader(threading.Thread):
             self._read_ms = (time.perf_counter() - t0) * 1000
 
     def _take(self, entries: list[RawEntry]) -> list[RawEntry]:
-        fresh = self.in_flight.fresh(entries)
-        self.in_flight.add([e.stream_id for e in fresh])
+        fresh = self.in_flight.fresh(entries, self._epoch)
+        self.in_flight.add([e.stream_id for e in fresh], self._epoch)
         return fresh
 
     def _drain_new(self) -> list[RawEntry]:
@@ -191,12 +232,11 @@ class Reader(threading.Thread):
 
     def _on_read_error(self, e: Exception) -> None:
         self._pending_cursor = "0"  # a lost reply may have delivered entries we never saw
-        if isinstance(e, redis.ResponseError) and "NOGROUP" in str(e):
-            self.log.warning("group_missing", error=str(e), action="recreating the consumer group")
+        if is_nogroup(e):
             try:
-                self.source.ensure_group()
+                self.guard.recover(self._epoch, op="read", error=e)
                 return
-            except Exception as again:  # noqa: BLE001
+            except Exception as again:  # noqa: BLE001 - Redis went away again: back off below
                 e = again
         if is_transient(e):
             delay = self.backoff.failed(self.stop)

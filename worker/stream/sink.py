@@ -1,9 +1,14 @@
-"""Writing a batch's outcome: results, latest-result keys, dead letters and the XACK, in ONE MULTI/EXEC.
+"""Writing an outcome: results, latest-result keys, dead letters and the XACK, in ONE atomic step.
 
-Atomic on purpose: an entry is acknowledged in the same transaction that stores
-its result (or dead letter), so no crash between two calls can ack a ticket
-whose result does not exist, and no crash can store a result whose entry stays
-unacked without the reclaim path knowing (it would just be classified again).
+Atomic on purpose: an entry is acknowledged in the same step that stores its result
+(or dead letter), so no crash between two calls can ack a ticket whose result does not
+exist, and no crash can store a result whose entry stays unacked without the reclaim
+path knowing (it would just be classified again).
+
+The step is the settle script (``scripts.py``), not a MULTI/EXEC, because it must look
+before it writes: it writes and acks only the entries still pending on this consumer
+(another worker may have reclaimed them; a lost reply may hide that an earlier attempt
+committed), and a lost consumer group aborts it before anything is written.
 """
 
 from __future__ import annotations
@@ -13,17 +18,29 @@ from dataclasses import dataclass, field
 
 import redis
 
+from worker.stream.messages import as_text
+from worker.stream.scripts import settle_script
+from worker.stream.source import recovery_key
+
 
 class PartialWriteError(RuntimeError):
-    """EXEC ran but some command inside failed (e.g. WRONGTYPE: a key of another type holds a stream name).
+    """A key the worker writes holds another Redis type (e.g. a string where the results stream should be).
 
-    Redis does not roll back: the acks inside may have succeeded. The worker stops
-    on this so that an operator fixes the key instead of tickets being acked without results."""
+    Refused before anything was written; the worker stops so that an operator fixes the key."""
+
+
+class GroupLost(RuntimeError):
+    """The consumer group (or the whole input stream) is gone: NOGROUP. Nothing was written."""
+
+
+class WriteFailed(RuntimeError):
+    """Redis refused a record (e.g. OOM). Nothing was acknowledged; retrying is safe (records already
+    written in the failed attempt may be written again: duplicates after a fault, same stream_id)."""
 
 
 @dataclass
 class Outcome:
-    """Everything one window produced, ready to write."""
+    """Everything one window (or one pass of it) produced, ready to write."""
 
     results: list[dict[str, str]] = field(default_factory=list)  # result_fields() records
     dead_letters: list[dict[str, str]] = field(default_factory=list)  # dead_letter_fields() records
@@ -36,6 +53,17 @@ class Outcome:
             dead_letters=[d for d in self.dead_letters if d.get("stream_id") in ids],
             ack_ids=[i for i in self.ack_ids if i in ids],
         )
+
+    def __bool__(self) -> bool:
+        return bool(self.results or self.dead_letters or self.ack_ids)
+
+
+@dataclass
+class Written:
+    """What a write did: the part of the outcome that was written and acked, and the ids it skipped."""
+
+    outcome: Outcome
+    not_ours: list[str]  # pending on another consumer now, or already acked by an earlier attempt
 
 
 class ResultSink:
@@ -51,6 +79,8 @@ class ResultSink:
         result_ttl_s: int,
         results_maxlen: int,
         dead_letter_maxlen: int,
+        consumer: str | None = None,
+        trim_input: bool = False,
     ):
         self.client = client
         self.input_stream = input_stream
@@ -61,25 +91,56 @@ class ResultSink:
         self.result_ttl_s = result_ttl_s
         self.results_maxlen = results_maxlen
         self.dead_letter_maxlen = dead_letter_maxlen
+        self.consumer = consumer  # None: write everything given, no ownership check (tools, tests)
+        self.trim_input = trim_input
 
     def result_key(self, ticket_id: str) -> str:
         return self.result_key_prefix + ticket_id
 
-    def write(self, outcome: Outcome) -> None:
-        """One MULTI/EXEC: XADD results (+ latest key), XADD dead letters (+ key if the id is known), XACK."""
-        if not outcome.ack_ids and not outcome.results and not outcome.dead_letters:
-            return
-        pipe = self.client.pipeline(transaction=True)
-        for r in outcome.results:
-            pipe.xadd(self.results_stream, r, maxlen=self.results_maxlen, approximate=True)
-            pipe.set(self.result_key(r["id"]), json.dumps({"status": "ok", **r}, ensure_ascii=False), ex=self.result_ttl_s)
-        for d in outcome.dead_letters:
-            pipe.xadd(self.dead_letter_stream, d, maxlen=self.dead_letter_maxlen, approximate=True)
-            if "id" in d:  # a caller waiting on this ticket learns it will never get a label, and why
-                pipe.set(self.result_key(d["id"]), json.dumps({"status": "dead_letter", **d}, ensure_ascii=False), ex=self.result_ttl_s)
-        if outcome.ack_ids:
-            pipe.xack(self.input_stream, self.group, *outcome.ack_ids)
-        replies = pipe.execute(raise_on_error=False)
-        errors = [r for r in replies if isinstance(r, Exception)]
-        if errors:
-            raise PartialWriteError(f"{len(errors)} of {len(replies)} commands in the write transaction failed: {errors[0]}")
+    def write(self, outcome: Outcome) -> Written:
+        """Results (+ latest keys), dead letters (+ key if the id is known) and XACK, in one atomic script.
+
+        With a ``consumer``, only entries still pending on it are written and acked."""
+        if not outcome:
+            return Written(Outcome(), [])
+        keys = [self.input_stream, self.results_stream, self.dead_letter_stream,
+                recovery_key(self.input_stream, self.group)]
+        args: list = [self.group, self.consumer or "", self.results_maxlen, self.dead_letter_maxlen, self.result_ttl_s,
+                      1 if self.trim_input else 0, len(outcome.ack_ids), *outcome.ack_ids]
+        for kind, rec in _records(outcome):
+            key_value = ""
+            if "id" in rec:  # a caller waiting on this ticket learns its result, or that it never gets one and why
+                keys.append(self.result_key(rec["id"]))
+                status = "ok" if kind == "r" else "dead_letter"
+                key_value = json.dumps({"status": status, **rec}, ensure_ascii=False)
+            args += [kind, rec.get("stream_id", ""), "1" if key_value else "0", key_value, len(rec) * 2]
+            for k, v in rec.items():
+                args += [k, v]
+        try:
+            reply = settle_script(self.client, keys, args)
+        except redis.ResponseError as e:
+            if str(e).startswith("NOGROUP"):
+                raise GroupLost(str(e)) from e
+            if str(e).startswith("WRONGTYPE"):
+                raise PartialWriteError(str(e)) from e
+            raise
+        error = as_text(reply[2])
+        not_ours = [as_text(i) for i in reply[3:]]
+        if error:
+            raise WriteFailed(f"Redis refused a record, nothing acknowledged: {error}")
+        return Written(outcome.only(set(outcome.ack_ids) - set(not_ours)) if not_ours else outcome, not_ours)
+
+
+def _records(outcome: Outcome) -> list[tuple[str, dict[str, str]]]:
+    """Results and dead letters in input-entry order, so that of two entries with the same ticket id
+    in one write, the later one's record is the latest-result key (last write wins, as across writes)."""
+    recs = [("r", r) for r in outcome.results] + [("d", d) for d in outcome.dead_letters]
+    return sorted(recs, key=lambda kr: _id_key(kr[1].get("stream_id", "")))
+
+
+def _id_key(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:  # not a stream id (tools writing records by hand): after the real ones, in given order
+        return 2**64, 0

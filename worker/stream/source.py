@@ -12,6 +12,7 @@ from typing import Any
 import redis
 
 from worker.stream.messages import as_text
+from worker.stream.scripts import refresh_script
 
 
 @dataclass
@@ -37,16 +38,35 @@ class StreamSource:
         self.consumer = consumer
 
     # ------------------------------------------------------------------ setup
-    def ensure_group(self) -> bool:
-        """Create the group (and the stream) if missing; it starts at the stream's first entry,
-        so tickets pushed before any worker ever ran are classified too. True if created."""
+    @property
+    def recovery_key(self) -> str:
+        """Beside the group: the id below which every entry is settled (written by each settle, see scripts.py)."""
+        return recovery_key(self.stream, self.group)
+
+    def ensure_group(self) -> str | None:
+        """Create the group (and the stream) if missing; the start id if created, None if it existed.
+
+        A new group starts after the recovery point when the stream has one (the group was lost:
+        XGROUP DESTROY, a restore), else at the stream's first entry, so tickets pushed before any
+        worker ever ran are classified too."""
+        start = self.recovery_start()
         try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-            return True
+            self.client.xgroup_create(self.stream, self.group, id=start, mkstream=True)
+            return start
         except redis.ResponseError as e:
             if "BUSYGROUP" in str(e):
-                return False
+                return None
             raise
+
+    def recovery_start(self) -> str:
+        """The id to create the group at: just below the recovery point if the stream still has one, else 0."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.exists(self.stream)
+        pipe.get(self.recovery_key)
+        exists, point = pipe.execute()
+        if not exists or not point:
+            return "0"
+        return id_before(as_text(point))
 
     def key_type(self, key: str) -> str:
         return as_text(self.client.type(key))
@@ -97,10 +117,6 @@ class StreamSource:
                 out[as_text(row["message_id"])] = int(row["times_delivered"])
         return out
 
-    def owned(self, ids: list[str]) -> set[str]:
-        """Which of ``ids`` are still pending on this consumer (not acked, not claimed away)."""
-        return set(self.delivery_counts(ids))
-
     # ------------------------------------------------------------------ state
     def group_state(self) -> GroupState | None:
         for g in self.client.xinfo_groups(self.stream):
@@ -135,8 +151,26 @@ class StreamSource:
         """Forget this consumer's name (only call when it has nothing pending: XGROUP DELCONSUMER drops its PEL)."""
         self.client.xgroup_delconsumer(self.stream, self.group, self.consumer)
 
+    def refresh(self, ids: list[str]) -> int:
+        """Reset the idle time of those of ``ids`` still pending on this consumer (see scripts.REFRESH)."""
+        if not ids:
+            return 0
+        return int(refresh_script(self.client, [self.stream], [self.group, self.consumer, *ids]))
+
     def ack(self, ids: list[str]) -> int:
         return int(self.client.xack(self.stream, self.group, *ids)) if ids else 0
+
+
+def recovery_key(stream: str, group: str) -> str:
+    return f"{stream}:recovery:{group}"
+
+
+def id_before(stream_id: str) -> str:
+    """The stream id just below ``stream_id`` (XGROUP CREATE <id> delivers the entries after <id>)."""
+    ms, seq = (int(x) for x in stream_id.split("-", 1))
+    if seq > 0:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{2**64 - 1}" if ms > 0 else "0"
 
 
 def _entries(reply: Any) -> list[tuple[Any, Any]]:

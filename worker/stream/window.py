@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from worker.engine.types import InvalidTicket, Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
-from worker.stream.records import dead_letter_fields, result_fields, stream_id_ms
+from worker.stream.records import DEAD_LETTER_EXCERPT_BYTES, dead_letter_fields, result_fields, stream_id_ms
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
 
@@ -29,6 +29,7 @@ class Window:
     read_started_s: float = 0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
     backlog: int | None = None
     pending: int | None = None
+    epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
 
     @property
     def ids(self) -> list[str]:
@@ -89,32 +90,61 @@ def to_outcome(
     model: str,
     worker: str,
     now_ms: float | None = None,
+    excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES,
 ) -> tuple[Outcome, list[float]]:
-    """Result records (latency = now - the entry id's enqueue time), dead letters, and acks for every entry.
+    """The whole window at once: ``rejections`` + ``pass_outcome`` for every ticket (predictions in ticket order)."""
+    out, latencies = pass_outcome(w, range(len(w.tickets)), predictions, model=model, worker=worker, now_ms=now_ms,
+                                  excerpt_bytes=excerpt_bytes)
+    rejected = rejections(w, worker=worker, excerpt_bytes=excerpt_bytes)
+    return Outcome(out.results, out.dead_letters + rejected.dead_letters, w.ids), latencies
+
+
+def pass_outcome(
+    w: Window,
+    indices: Iterable[int],
+    predictions: Sequence[Prediction | Exception],
+    *,
+    model: str,
+    worker: str,
+    now_ms: float | None = None,
+    excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES,
+) -> tuple[Outcome, list[float]]:
+    """Result records for the tickets at ``indices`` (latency = now - the entry id's enqueue time), a dead
+    letter for each one the model failed on alone, and their acks.
 
     Returns the outcome and the latencies (ms) of the classified tickets."""
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     out = Outcome()
     latencies: list[float] = []
     by_id = {e.stream_id: e for e in w.entries}
-    for ticket, pred in zip(w.tickets, predictions):
+    for i, pred in zip(indices, predictions):
+        ticket = w.tickets[i]
+        out.ack_ids.append(ticket.stream_id)
         if isinstance(pred, Exception):
             reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {_short(pred)})"
-            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker))
+            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
             continue
         latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
         latencies.append(latency)
         out.results.append(
             result_fields(ticket.ticket_id, pred, latency_ms=latency, model=model, worker=worker, meta=ticket.meta, stream_id=ticket.stream_id)
         )
-    for entry, ticket_id, reason in w.rejected:
-        out.dead_letters.append(_dead(entry, ticket_id, reason, worker))
-    out.ack_ids = w.ids
     return out, latencies
 
 
-def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str) -> dict[str, str]:
+def rejections(w: Window, *, worker: str, excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES) -> Outcome:
+    """Dead letters (and acks) for the entries the window rejected before the model: parse errors, poison,
+    tokenizer failures."""
+    out = Outcome()
+    for entry, ticket_id, reason in w.rejected:
+        out.dead_letters.append(_dead(entry, ticket_id, reason, worker, excerpt_bytes))
+        out.ack_ids.append(entry.stream_id)
+    return out
+
+
+def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str, excerpt_bytes: int) -> dict[str, str]:
     return dead_letter_fields(
+        excerpt_bytes=excerpt_bytes,
         stream_id=entry.stream_id,
         reason=reason,
         payload=entry.fields or {},

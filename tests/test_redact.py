@@ -1,0 +1,48 @@
+"""Secret masking (worker.redact): every URL form, and the literal configured secret wherever it shows up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from worker import redact
+
+PW = "Pa55:w/rd@x&y%"  # needs percent-encoding in a URL: ":", "/", "@", "&", "%"
+PW_ENC = "Pa55%3Aw%2Frd%40x%26y%25"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry(monkeypatch):
+    monkeypatch.setattr(redact, "_known", set())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://default:{PW_ENC}@127.0.0.1:6379/0",
+        f"redis://:{PW_ENC}@127.0.0.1:6379/0",
+        f"redis://127.0.0.1:6379/0?password={PW_ENC}",
+        f"redis://127.0.0.1:6379/0?username=default&password={PW_ENC}",
+        f"rediss://:{PW_ENC}@10.0.0.1:6380/1?ssl_ca_certs=/etc/ca.pem",
+        f"unix:///run/redis.sock?db=0&password={PW_ENC}",
+    ],
+)
+def test_every_url_form_is_masked_by_shape_and_by_value(url):
+    assert PW_ENC not in redact.mask_url(url) and "***" in redact.mask_url(url)
+    redact.register_url_secrets(url)
+    decoded = f"AUTH failed for {PW}; repr {PW!r}; json {json.dumps(PW)}; raw {PW_ENC}"
+    masked = redact.mask_secrets(decoded)
+    assert PW not in masked and PW_ENC not in masked and "Pa55" not in masked, masked
+
+
+def test_unencoded_at_sign_in_password_is_masked_whole():
+    assert redact.mask_url("redis://:a@b@host:1/0") == "redis://:***@host:1/0"
+    assert redact.mask_url("redis://tok3n@host") == "redis://***@host"
+
+
+def test_ordinary_text_is_left_alone():
+    text = "forward_passes=3 prefix_tokens_reused=10 url=redis://127.0.0.1:6379/0 bypass=1"
+    assert redact.mask_secrets(text) == text
+    redact.register_secret("ab")  # too short to mask without mangling ordinary text
+    assert redact.mask_secrets("abc") == "abc"

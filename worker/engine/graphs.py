@@ -1,0 +1,146 @@
+"""CUDA graphs for packed passes: a few fixed shapes, each captured once and replayed.
+
+An eager forward of a 0.5B decoder is ~400 kernel launches from Python; replaying a
+captured graph is one. Packed passes have three sizes that vary (tokens, rows, longest
+row), so each is rounded up to a small ladder of values (``shape_for``): tokens to a
+step of about 1/8 of their power of two (<= 12.5% extra tokens, which are outside every
+row and cost only their MLP work), rows and longest row to powers of two (extra rows
+are empty: zero-length segments). A pass of a new shape is captured on first use.
+
+Every capture is checked before it is trusted: the graph is captured on a synthetic
+layout, then replayed on the real pass and compared with an eager run of that pass.
+A mismatch (a value baked into the graph) or any capture error turns graphs off for
+this process with a warning; answers never depend on graphs working.
+CUDA only: nothing here runs on CPU or MPS.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from worker.engine.packed import Layout, PackedCall, call_decoder
+
+log = logging.getLogger("triage.engine")
+
+MAX_GRAPHS = 32  # distinct shapes captured per classifier; later new shapes run eagerly
+
+
+def round_tokens(n: int) -> int:
+    """Up to a step of 1/8 of n's power of two (at least 256): <= 12.5% extra, ~8 shapes per doubling."""
+    step = max(256, (1 << max(0, n.bit_length() - 1)) // 8)
+    return -(-n // step) * step
+
+
+def next_pow2(n: int, low: int) -> int:
+    return max(low, 1 << max(0, (n - 1).bit_length()))
+
+
+def shape_for(layout: Layout) -> tuple[int, int, int]:
+    """(tokens, rows, longest row) a pass is replayed at."""
+    return round_tokens(layout.total), next_pow2(len(layout.lengths), 8), next_pow2(layout.max_len, 64)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor
+    pos: torch.Tensor
+    cu: torch.Tensor
+    hidden: torch.Tensor
+    kv: list
+    call: PackedCall  # keeps the prefix K/V the graph reads alive
+
+
+class GraphRunner:
+    """Captured packed passes of one model, keyed by (shape, prefix, keep_kv, kernel)."""
+
+    def __init__(self, model, pad_id: int):
+        self.model = model
+        self.pad_id = pad_id
+        self.enabled = True
+        self.graphs: dict[tuple, _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.captures = 0
+        self.replays = 0
+
+    def layout_for(self, layout: Layout) -> Layout:
+        if not self.enabled:
+            return layout
+        tokens, rows, longest = shape_for(layout)
+        return Layout(layout.lengths, layout.starts, layout.total, tokens, rows, longest)
+
+    def run(self, layout: Layout, ids, pos, cu, prefix, keep_kv: bool, kernel: str):
+        """Hidden states [tokens, H] and kept K/V of the pass by graph replay, or None (caller runs eagerly)."""
+        if not self.enabled:
+            return None
+        key = (layout.padded_total, layout.segments, layout.max_len, id(prefix), keep_kv, kernel)
+        g = self.graphs.get(key)
+        if g is None:
+            if len(self.graphs) >= MAX_GRAPHS:
+                return None
+            try:
+                g = self._capture(layout, ids, pos, cu, prefix, keep_kv, kernel)
+            except Exception as e:  # noqa: BLE001 -- any capture failure means: run eagerly
+                self._disable(f"capture failed: {type(e).__name__}: {e}")
+                return None
+            if g is None:
+                return None
+            self.graphs[key] = g
+            return g.hidden, g.kv
+        self._load(g, ids, pos, cu)
+        g.graph.replay()
+        self.replays += 1
+        return g.hidden, g.kv
+
+    def _load(self, g: _Graph, ids, pos, cu) -> None:
+        g.ids.copy_(ids, non_blocking=True)
+        g.pos.copy_(pos, non_blocking=True)
+        g.cu.copy_(cu, non_blocking=True)
+
+    def _capture(self, layout: Layout, ids, pos, cu, prefix, keep_kv: bool, kernel: str) -> _Graph | None:
+        dev = self.model.device
+        tokens, rows, longest = layout.padded_total, layout.segments, layout.max_len
+        st_ids = torch.full((tokens,), self.pad_id, dtype=torch.long, device=dev)
+        st_pos = torch.zeros(tokens, dtype=torch.long, device=dev)
+        # synthetic layout for the capture: one row of `longest` tokens (or fewer), the rest empty
+        first = min(longest, tokens)
+        st_cu = torch.tensor([0] + [first] * rows, dtype=torch.int32, device=dev)
+        st_pos[:first] = torch.arange(first, device=dev) + (prefix.length if prefix is not None else 0)
+        call = PackedCall(kernel=kernel, cu_q=st_cu, max_q=longest, prefix=prefix, keep_kv=keep_kv)
+
+        def fwd() -> torch.Tensor:
+            return call_decoder(self.model, st_ids, st_pos, call)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside the capture (allocator, cuBLAS handles, lazy inits)
+                fwd()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            hidden = fwd()
+        g = _Graph(graph, st_ids, st_pos, st_cu, hidden, list(call.kv), call)
+        self.captures += 1
+        # check: the real pass by replay == the real pass eagerly
+        eager_call = PackedCall(kernel=kernel, cu_q=cu.to(dev), max_q=longest, prefix=prefix)
+        want = call_decoder(self.model, ids.to(dev), pos.to(dev), eager_call)[: layout.total].float()
+        self._load(g, ids, pos, cu)
+        graph.replay()
+        got = g.hidden[: layout.total].float()
+        err = (got - want).abs().max().item()
+        tol = 2e-2 * want.abs().max().item() + 1e-3
+        if not err <= tol:
+            self._disable(f"replay differs from the eager pass (max |diff| {err:.3g} > {tol:.3g})")
+            return None
+        log.info("cuda graph captured: %d tokens, %d rows, longest %d (replay matches eager within %.2g)",
+                 tokens, rows, longest, err)
+        return g
+
+    def _disable(self, why: str) -> None:
+        log.warning("CUDA graphs off for this process, packed passes run eagerly: %s", why)
+        self.enabled = False
+        self.graphs.clear()

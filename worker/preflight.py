@@ -1,0 +1,246 @@
+"""Configuration checks that run before anything heavy: settings, TRIAGE_ variables, the task file,
+the Redis URL and (optionally) Redis itself and the model's whereabouts.
+
+Why up front: a typo used to cost a model load (18-24 s) and end in a raw traceback, or was
+silently ignored (an unknown TRIAGE_ variable, a misspelt task-file key). Here every problem
+is one line naming what to fix (the env var, ``file:line``), found in well under a second;
+callers exit with ``EXIT_CONFIG`` (2). Imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from worker.redact import mask_secrets
+
+EXIT_CONFIG = 2
+
+# TRIAGE_ names that are not settings of the worker or producer classes but are legitimately set.
+OTHER_KNOWN_ENV = {
+    "TRIAGE_DATA_DIR": "quality data sets directory (worker/quality/data.py)",
+    "TRIAGE_REDIS_PORT": "host port of the compose file's Redis (docker-compose.yml)",
+}
+# Renamed settings: both spellings are accepted (old = deprecated alias; see worker/settings.py).
+RENAMED_ENV = {
+    "TRIAGE_MAX_BATCH_ITEMS": "TRIAGE_WINDOW_MAX_ITEMS / TRIAGE_PASS_MAX_ITEMS",
+    "TRIAGE_MAX_BATCH_TOKENS": "TRIAGE_PASS_MAX_TOKENS",
+    "TRIAGE_BATCH_OVERHEAD_TOKENS": "TRIAGE_PASS_OVERHEAD_TOKENS",
+}
+NEW_NAMES_ENV = {"TRIAGE_WINDOW_MAX_ITEMS", "TRIAGE_PASS_MAX_ITEMS", "TRIAGE_PASS_MAX_TOKENS", "TRIAGE_PASS_OVERHEAD_TOKENS"}
+# Families owned by the test suite and the chaos harness.
+ALLOWED_PREFIXES = ("TRIAGE_TEST_", "TRIAGE_CHAOS_")
+_DB_PATH = re.compile(r"^/?(\d+)?/?$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str  # the env var, or file:line
+    message: str
+
+    def __str__(self) -> str:
+        return mask_secrets(f"{self.where}: {self.message}")
+
+
+# ----------------------------------------------------------------- env var names
+def env_names(settings_cls) -> dict[str, str]:
+    """TRIAGE_ env var -> field name, for every field of a pydantic-settings class (aliases included)."""
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    out: dict[str, str] = {}
+    for name, field in settings_cls.model_fields.items():
+        aliases = _alias_names(field.validation_alias) or _alias_names(field.alias)
+        for alias in aliases or [prefix + name]:
+            out[alias.upper()] = name
+    return out
+
+
+def _alias_names(alias: Any) -> list[str]:
+    if alias is None:
+        return []
+    if isinstance(alias, str):
+        return [alias]
+    choices = getattr(alias, "choices", None)  # pydantic AliasChoices
+    if choices is not None:
+        return [c for c in choices if isinstance(c, str)]
+    return []
+
+
+def known_env_names() -> set[str]:
+    from producer.settings import ProducerSettings
+    from worker.settings import Settings
+
+    return set(env_names(Settings)) | set(env_names(ProducerSettings)) | set(OTHER_KNOWN_ENV) | set(RENAMED_ENV) | NEW_NAMES_ENV
+
+
+def unknown_env(environ: Mapping[str, str] | None = None, known: Iterable[str] | None = None) -> list[Problem]:
+    """Every TRIAGE_ variable no part of triage reads, with the nearest known name."""
+    env = os.environ if environ is None else environ
+    names = sorted(known if known is not None else known_env_names())
+    problems = []
+    for var in sorted(env):
+        if not var.startswith("TRIAGE_") or var in names or var.startswith(ALLOWED_PREFIXES):
+            continue
+        near = difflib.get_close_matches(var, names, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]}?" if near else "see docs/worker.md (Settings) and docs/producer.md"
+        problems.append(Problem(var, f"is not a triage setting ({hint})"))
+    return problems
+
+
+# ----------------------------------------------------------------- settings values
+def settings_problems(exc, settings_cls, environ: Mapping[str, str] | None = None) -> list[Problem]:
+    """A pydantic ValidationError as one line per field, named by the env var that set it."""
+    env = os.environ if environ is None else environ
+    names = env_names(settings_cls)
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    by_field = {name: [a.upper() for a in (_alias_names(f.validation_alias) or _alias_names(f.alias) or [prefix + name])]
+                for name, f in settings_cls.model_fields.items()}
+    problems, seen = [], set()
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ())]
+        field = loc[0] if loc else ""
+        field = names.get(field.upper(), field)  # fields read through an alias report the alias as loc
+        candidates = by_field.get(field) or [f"TRIAGE_{field.upper()}"]
+        var = next((v for v in candidates if v in env), candidates[0])
+        msg = err.get("msg", "invalid")
+        if "input" in err and err.get("type") != "missing":
+            msg += f" (got {err['input']!r:.120})"
+        if (var, msg) not in seen:  # one deprecated name feeding two fields is one mistake
+            seen.add((var, msg))
+            problems.append(Problem(var, msg))
+    return problems
+
+
+def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None:
+    """Parse the URL as redis-py will (no connection); one sentence if it cannot be used."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    if not isinstance(url, str) or not url.strip():
+        return Problem(var, "is empty; expected redis://host:port/db, rediss://host:port/db or unix:///path?db=0")
+    try:
+        redis.ConnectionPool.from_url(url)
+        parts = urlsplit(url)
+        if parts.scheme in ("redis", "rediss"):
+            if not parts.hostname:
+                raise ValueError("no host name")
+            if not _DB_PATH.match(parts.path or ""):
+                raise ValueError(f"the path must be a database number like /0, not {parts.path!r}")
+    except ValueError as e:
+        return Problem(var, f"is not a usable Redis URL: {e} (got {mask_secrets(url)!r}; expected "
+                            "redis://host:port/db, rediss://host:port/db or unix:///path?db=0, a password as :PASSWORD@ "
+                            "before the host)")
+    return None
+
+
+def redis_problem(url: str, timeout_s: float = 3.0, var: str = "TRIAGE_REDIS_URL") -> Problem | None:
+    """PING within ``timeout_s``: unreachable, refused, wrong password -> one sentence."""
+    import redis
+
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+    try:
+        client.ping()
+    except redis.AuthenticationError as e:
+        return Problem(var, f"Redis at {mask_secrets(url)} refused the credentials: {e}")
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        return Problem(var, f"cannot reach Redis at {mask_secrets(url)}: {e}")
+    except redis.ResponseError as e:
+        return Problem(var, f"Redis at {mask_secrets(url)} answered PING with an error: {e}")
+    finally:
+        client.close()
+    return None
+
+
+def stream_key_problems(url: str, settings) -> list[Problem]:
+    """The three stream keys must be streams (or absent): the worker refuses other types at start."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    out = []
+    try:
+        for var, key in (("TRIAGE_INPUT_STREAM", settings.input_stream), ("TRIAGE_RESULTS_STREAM", settings.results_stream),
+                         ("TRIAGE_DEAD_LETTER_STREAM", settings.dead_letter_stream)):
+            kind = client.type(key)
+            kind = kind.decode() if isinstance(kind, bytes) else kind
+            if kind not in ("none", "stream"):
+                out.append(Problem(var, f"the key {key!r} holds a Redis {kind}, not a stream; rename it or point {var} elsewhere"))
+    except redis.RedisError as e:
+        out.append(Problem("TRIAGE_REDIS_URL", f"cannot read key types: {e}"))
+    finally:
+        client.close()
+    return out
+
+
+def task_problems(settings) -> list[Problem]:
+    from worker.assemble import task_from_settings
+    from worker.engine.task import TaskError
+
+    try:
+        task_from_settings(settings)
+    except TaskError as e:
+        where = "TRIAGE_TASK_FILE" if settings.task_file is not None else "TRIAGE_LABELS"
+        return [Problem(where, str(e))]
+    except KeyError as e:  # a label of TRIAGE_LABELS etc.; never a bare KeyError for the user
+        return [Problem("TRIAGE_LABELS", f"unknown entry {e}")]
+    return []
+
+
+def file_problems(settings) -> list[Problem]:
+    out = []
+    if settings.task_file is not None and not settings.task_file.is_file():
+        out.append(Problem("TRIAGE_TASK_FILE", f"no such file: {settings.task_file}"))
+    if getattr(settings, "head_path", None) is not None and not settings.head_path.exists():
+        out.append(Problem("TRIAGE_HEAD_PATH", f"no such file: {settings.head_path}"))
+    return out
+
+
+def model_problem(settings, *, probe_hub: bool = True) -> Problem | None:
+    """Can TRIAGE_MODEL be found without loading it (local path, bundled package, HF cache, reachable hub)?"""
+    from worker.engine.sources import ModelNotFound, check_model_available
+
+    try:
+        check_model_available(settings.model, probe_hub=probe_hub)
+    except ModelNotFound as e:
+        return Problem("TRIAGE_MODEL", str(e))
+    return None
+
+
+# ----------------------------------------------------------------- the whole check
+def load_settings(settings_cls=None, environ: Mapping[str, str] | None = None, *, unknown: bool = True, **overrides):
+    """(settings or None, problems): unknown TRIAGE_ variables (if ``unknown``), invalid values, the Redis URL."""
+    from pydantic import ValidationError
+
+    if settings_cls is None:
+        from worker.settings import Settings as settings_cls  # noqa: N813
+    problems = unknown_env(environ) if unknown else []
+    try:
+        settings = settings_cls(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        return None, problems + settings_problems(e, settings_cls, environ)
+    url_problem = redis_url_problem(settings.redis_url)
+    if url_problem:
+        problems.append(url_problem)
+    return settings, problems
+
+
+def worker_problems(settings) -> list[Problem]:
+    """What the stream worker needs besides valid values: its files, its task, its model (not loaded)."""
+    problems = file_problems(settings)
+    if not problems:
+        problems += task_problems(settings)
+    model = model_problem(settings)
+    if model:
+        problems.append(model)
+    return problems
+
+
+def log_format_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """TRIAGE_LOG_FORMAT as given, for reporting problems when the settings themselves are invalid."""
+    value = (os.environ if environ is None else environ).get("TRIAGE_LOG_FORMAT", "auto").strip().lower()
+    return value if value in ("auto", "json", "console") else "auto"

@@ -1,0 +1,116 @@
+"""Masking secrets in anything a process prints: URLs with credentials, ``password=`` pairs, known values.
+
+Why three layers: a URL's password can sit in its user info (``redis://user:pw@``,
+``redis://:pw@``) or its query (``?password=pw``, ``unix:///s.sock?password=pw``); a library
+may print the value without the URL around it (an exception, a repr of a settings object);
+and it may appear percent-encoded or JSON-escaped. So every output path masks URL shapes
+AND the literal secret values this process was configured with (``register_url_secrets``).
+Pure: no logging, no Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+MASK = "***"
+_MIN_SECRET_CHARS = 3  # shorter literals would mask ordinary text
+
+# scheme://userinfo@ — greedy up to the LAST "@" of the authority (a password may hold an unencoded "@")
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*)@", re.I)
+# password=..., ?password=..., &token=..., password='...' (a repr): the value up to a separator
+_SECRET_PAIR = re.compile(
+    r"(?P<key>(?<![a-z0-9_])(?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|auth)\s*=\s*)"
+    r"(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
+    re.I,
+)
+SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "pass", "secret", "token", "access_token", "api_key", "apikey", "auth"})
+
+_known: set[str] = set()
+
+
+def _mask_userinfo(m: re.Match) -> str:
+    userinfo = m["userinfo"]
+    if ":" in userinfo:
+        return f"{m['scheme']}{userinfo.split(':', 1)[0]}:{MASK}@"
+    return f"{m['scheme']}{MASK}@"  # a lone user info may be a token; user names are not worth the risk
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with URL credentials, ``password=`` style pairs and every registered secret masked."""
+    if not text:
+        return text
+    for secret in sorted(_known, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK)
+    if "://" in text and "@" in text:
+        text = _URL_USERINFO.sub(_mask_userinfo, text)
+    if "=" in text:
+        text = _SECRET_PAIR.sub(lambda m: f"{m['key']}{m['quote']}{MASK}", text)
+    return text
+
+
+def mask_url(url: str) -> str:
+    """A URL (or any text) safe to print: ``redis://u:***@h:6379/0?password=***``."""
+    return mask_secrets(url)
+
+
+def register_secret(value: str | None) -> None:
+    """Mask ``value`` wherever it appears in output from now on (also percent-encoded or JSON-escaped)."""
+    if not value or len(value) < _MIN_SECRET_CHARS:
+        return
+    forms = {value, quote(value, safe=""), quote(value), json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+             repr(value)[1:-1]}
+    _known.update(f for f in forms if len(f) >= _MIN_SECRET_CHARS)
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The secret values inside a URL: the user-info password (or lone user info) and secret query parameters."""
+    if not url or not isinstance(url, str):
+        return []
+    out: list[str] = []
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        parts = None
+    if parts is not None:
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo = netloc.rsplit("@", 1)[0]
+            out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
+            out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+        for k, v in parse_qsl(parts.query, keep_blank_values=False):
+            if k.lower() in SECRET_QUERY_KEYS:
+                out.append(v)
+        for piece in parts.query.split("&"):
+            k, _, v = piece.partition("=")
+            if k.lower() in SECRET_QUERY_KEYS and v:
+                out.append(v)  # the raw, still percent-encoded form
+    return [s for s in out if s]
+
+
+def register_url_secrets(url: str | None) -> None:
+    for s in url_secrets(url):
+        register_secret(s)
+
+
+def register_env_secrets(environ: dict | None = None) -> None:
+    """Secrets of every ``*_URL`` variable of the TRIAGE_ family (TRIAGE_REDIS_URL, ...), whatever parses them later."""
+    env = os.environ if environ is None else environ
+    for name, value in env.items():
+        if name.startswith("TRIAGE_") and name.endswith("_URL"):
+            register_url_secrets(value)
+
+
+def install_excepthook() -> None:
+    """Uncaught exceptions print a plain traceback (no locals) with secrets masked, as the last resort."""
+    import sys
+    import traceback
+
+    def hook(exc_type, exc, tb) -> None:
+        sys.stderr.write(mask_secrets("".join(traceback.format_exception(exc_type, exc, tb))))
+        sys.stderr.flush()
+
+    sys.excepthook = hook

@@ -1,0 +1,60 @@
+"""The one place that reacts to a lost consumer group (NOGROUP anywhere: a read, the write of a
+window, the refresh of in-flight entries).
+
+A group disappears when Redis restarts without its data or somebody runs ``XGROUP DESTROY``.
+Everything this process read from the lost group is void: its pending list is gone, so those
+entries can no longer be acknowledged (and, after a restart without data, no longer exist).
+The guard recreates the group at the recovery point (``StreamSource.ensure_group``) and moves
+to a new *epoch*; windows read in an older epoch are dropped by the loop, not classified or
+written. Entries that still exist after the recovery point are delivered again; what Redis
+itself lost is lost (docs/reliability.md, "Recovery point").
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import redis
+
+from worker.stream.sink import GroupLost
+from worker.stream.source import StreamSource
+
+
+def is_nogroup(e: BaseException) -> bool:
+    """NOGROUP from any command: the group, or the whole stream, is gone."""
+    if isinstance(e, GroupLost):
+        return True
+    return isinstance(e, redis.ResponseError) and str(e).startswith("NOGROUP")
+
+
+class GroupGuard:
+    def __init__(self, source: StreamSource, log):
+        self.source = source
+        self.log = log
+        self.epoch = 0  # incremented each time this process recreated (or found recreated) a lost group
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_recovered(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
+
+    def recover(self, seen_epoch: int, *, op: str, error: BaseException) -> None:
+        """React to NOGROUP met by an operation that started in ``seen_epoch``.
+
+        Once per loss: an operation that started before a recovery it did not see is already
+        covered. Raises what ``ensure_group`` raises (Redis down): the caller retries as for
+        any Redis error and will meet NOGROUP again."""
+        with self._lock:
+            if seen_epoch != self.epoch:
+                return
+            start = self.source.ensure_group()
+            self.epoch += 1
+            self.log.warning(
+                "group_recreated", op=op, error=f"{type(error).__name__}: {error}", epoch=self.epoch,
+                start_id=start if start is not None else "(recreated by another worker)",
+                note="windows read from the lost group are dropped; entries after the recovery point are "
+                "delivered again",
+            )
+            for fn in self._listeners:
+                fn()

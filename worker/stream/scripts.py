@@ -1,0 +1,220 @@
+"""The worker's server-side Lua scripts, and how they are called.
+
+Why Lua and not MULTI/EXEC: a transaction cannot look before it writes. The settle
+script first checks, inside the same atomic step, that the consumer group exists and
+which entries are still pending on this consumer, and only then writes results and
+acks. So a worker never acks or writes for entries another worker reclaimed, and a
+lost group (NOGROUP) aborts the write before anything is written. Redis runs a script
+atomically like MULTI/EXEC (nothing interleaves; AOF and replicas get its effects as
+one transaction).
+
+Called with EVALSHA, falling back to EVAL when the server does not know the script
+(after a restart): the worker's ACL user needs ``+evalsha +eval``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import redis
+
+# Exact comparison / successor of stream ids ("<ms>-<seq>", 64-bit decimals) without Lua doubles.
+_ID_HELPERS = r"""
+local function split(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return ms, seq
+end
+local function num_less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local function id_less(a, b)
+  local am, as = split(a)
+  local bm, bs = split(b)
+  if am ~= bm then return num_less(am, bm) end
+  return num_less(as, bs)
+end
+local function incr(s)
+  local digits, i = {}, #s
+  for c in string.gmatch(s, '%d') do digits[#digits + 1] = c end
+  while i >= 1 do
+    if digits[i] ~= '9' then
+      digits[i] = string.char(string.byte(digits[i]) + 1)
+      return table.concat(digits)
+    end
+    digits[i] = '0'
+    i = i - 1
+  end
+  return '1' .. table.concat(digits)
+end
+local function id_succ(id)
+  local ms, seq = split(id)
+  if seq == '18446744073709551615' then return incr(ms) .. '-0' end
+  return ms .. '-' .. incr(seq)
+end
+local function field(flat, name)
+  for j = 1, #flat, 2 do
+    if flat[j] == name then return flat[j + 1] end
+  end
+  return nil
+end
+-- the smallest id the group may still need: its oldest pending entry, else the one after the last delivered
+local function needed_from(stream, group, last_delivered)
+  local p = redis.call('XPENDING', stream, group)
+  if tonumber(p[1]) > 0 then return p[2] end
+  return id_succ(last_delivered)
+end
+"""
+
+SETTLE = _ID_HELPERS + r"""
+-- KEYS[1] input stream, KEYS[2] results stream, KEYS[3] dead-letter stream, KEYS[4] recovery-point key,
+-- KEYS[5..] the latest-result key of each record that has one, in record order.
+-- ARGV[1] group, ARGV[2] consumer ('' = no ownership check), ARGV[3] results maxlen, ARGV[4] dead-letter maxlen,
+-- ARGV[5] result key ttl s, ARGV[6] trim the input stream (1/0), ARGV[7] number of ack ids, the ack ids,
+-- then per record: kind ('r' result | 'd' dead letter), stream id, has key (1/0), key value, field count, fields.
+-- Returns {records written, entries acked, error or '', ids skipped (not pending on this consumer)...}.
+-- A failed record write (error) acks nothing: the entries stay pending and the caller retries.
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+for k = 2, 3 do  -- a key of another type would fail half-way: refuse before writing anything
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'stream' and t ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[k] .. ' holds a ' .. t .. ', not a stream')
+  end
+end
+local n_ids = tonumber(ARGV[7])
+local i = 8 + n_ids
+local acks, skipped, gone, mine = {}, {}, {}, {}
+if consumer ~= '' and n_ids > 0 then
+  -- this consumer's pending entries between the lowest and highest id, page by page (one range scan, not
+  -- one lookup per id). NOGROUP (group destroyed, Redis restarted empty) raises here, before any write.
+  local lo, hi = ARGV[8], ARGV[8]
+  for k = 8, 7 + n_ids do
+    if id_less(ARGV[k], lo) then lo = ARGV[k] end
+    if id_less(hi, ARGV[k]) then hi = ARGV[k] end
+  end
+  local start = lo
+  while true do
+    local page = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)
+    for _, row in ipairs(page) do mine[row[1]] = true end
+    if #page < 1000 then break end
+    start = '(' .. page[#page][1]
+  end
+end
+for k = 8, 7 + n_ids do
+  local id = ARGV[k]
+  if consumer == '' or mine[id] then
+    acks[#acks + 1] = id
+  else
+    skipped[#skipped + 1] = id
+    gone[id] = true
+  end
+end
+-- the latest-result key answers the entry with the highest stream id: an older entry's record (a later pass
+-- of the same window, a reclaimed duplicate, a slow worker) never replaces a newer one's
+local function holds_later(key, sid)
+  if not split(sid) then return false end
+  local cur = redis.pcall('GET', key)
+  if type(cur) ~= 'string' then return false end
+  local cur_sid = string.match(cur, '"stream_id": "(%d+%-%d+)"')
+  return cur_sid ~= nil and id_less(sid, cur_sid)
+end
+local kidx, written, err = 5, 0, ''
+local function try(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r['err'] and err == '' then err = r['err'] end
+end
+while i <= #ARGV do
+  local kind, sid, has_key, value, nf = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
+  local fields = {}
+  for f = 1, nf do fields[f] = ARGV[i + 4 + f] end
+  i = i + 5 + nf
+  local key = nil
+  if has_key == '1' then
+    key = KEYS[kidx]
+    kidx = kidx + 1
+  end
+  if not gone[sid] then
+    local target, maxlen = KEYS[2], ARGV[3]
+    if kind == 'd' then target, maxlen = KEYS[3], ARGV[4] end
+    try('XADD', target, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+    if key and not holds_later(key, sid) then try('SET', key, value, 'EX', ARGV[5]) end
+    written = written + 1
+  end
+end
+local out = {written, 0, err}
+for _, id in ipairs(skipped) do out[#out + 1] = id end
+if err ~= '' then return out end  -- a record failed (e.g. OOM): ack nothing, the caller retries
+for s = 1, #acks, 1000 do
+  redis.call('XACK', stream, group, unpack(acks, s, math.min(s + 999, #acks)))
+end
+out[2] = #acks
+if consumer ~= '' then
+  -- recovery point: every entry below it is settled for this group; trim: below the lowest over all groups.
+  -- Best effort (pcall): a stale recovery point only means more replay after a lost group.
+  pcall(function()
+    local floor, ours = nil, nil
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local name = field(g, 'name')
+      local need = needed_from(stream, name, field(g, 'last-delivered-id'))
+      if name == group then ours = need end
+      if floor == nil or id_less(need, floor) then floor = need end
+    end
+    if ours then redis.call('SET', KEYS[4], ours) end
+    if ARGV[6] == '1' and floor then redis.call('XTRIM', stream, 'MINID', '~', floor) end
+  end)
+end
+return out
+"""
+
+
+REFRESH = _ID_HELPERS + r"""
+-- Reset the idle time of the entries this consumer still holds, so no other worker reclaims them
+-- while it is alive: XCLAIM <min-idle 0> ... JUSTID by the owner (JUSTID: the delivery count stays).
+-- Atomic with the ownership check, so an entry another worker claimed in the meantime is never
+-- taken back; entries deleted from the stream are left alone (XCLAIM would drop them from the PEL).
+-- KEYS[1] input stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] the ids it holds. Returns how many.
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+if #ARGV < 3 then return 0 end
+local lo, hi = ARGV[3], ARGV[3]
+for k = 3, #ARGV do
+  if id_less(ARGV[k], lo) then lo = ARGV[k] end
+  if id_less(hi, ARGV[k]) then hi = ARGV[k] end
+end
+local mine, start = {}, lo
+while true do
+  local page = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)  -- NOGROUP raises here
+  for _, row in ipairs(page) do mine[row[1]] = true end
+  if #page < 1000 then break end
+  start = '(' .. page[#page][1]
+end
+local ids = {}
+for k = 3, #ARGV do
+  local id = ARGV[k]
+  if mine[id] and #redis.call('XRANGE', stream, id, id) > 0 then ids[#ids + 1] = id end
+end
+for s = 1, #ids, 1000 do
+  local args = {stream, group, consumer, 0}
+  for k = s, math.min(s + 999, #ids) do args[#args + 1] = ids[k] end
+  args[#args + 1] = 'JUSTID'
+  redis.call('XCLAIM', unpack(args))
+end
+return #ids
+"""
+
+
+class Script:
+    """A Lua script run with EVALSHA (EVAL once the server has forgotten it, e.g. after a restart)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, client: redis.Redis, keys: list, args: list):
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return client.eval(self.source, len(keys), *keys, *args)
+
+
+settle_script = Script(SETTLE)
+refresh_script = Script(REFRESH)
