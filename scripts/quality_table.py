@@ -27,9 +27,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="side-by-side label quality table")
     ap.add_argument("--suites", default="support,clinc150-domains,banking77")
     ap.add_argument("--head-prompt", choices=["labels", "task"], default=None, help="default: TRIAGE_HEAD_PROMPT")
-    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="bf16",
-                    help="bf16 (default): what TRIAGE_DTYPE=auto picks on an idle AVX512-BF16 CPU; pinned, since auto "
-                    "measures the CPU at start-up and can pick fp32 on a loaded machine")
+    ap.add_argument(
+        "--dtype",
+        choices=["auto", "bf16", "fp32"],
+        default="bf16",
+        help="bf16 (default): what TRIAGE_DTYPE=auto picks on an idle AVX512-BF16 CPU; pinned, since auto "
+        "measures the CPU at start-up and can pick fp32 on a loaded machine",
+    )
     ap.add_argument("--cache-dir", type=Path, default=Path("out/quality-cache/features"))
     ap.add_argument("--no-prompt-table", action="store_true", help="skip the labels-vs-task head prompt table")
     ap.add_argument("--no-tfidf", action="store_true", help="skip the TF-IDF floor (no scikit-learn needed)")
@@ -47,7 +51,9 @@ def main() -> int:
     head_prompt = args.head_prompt or settings.head_prompt
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     names = [s.strip() for s in args.suites.split(",") if s.strip()]
-    main_table = build_table(settings, names, head_prompt=head_prompt, log=log, root=args.cache_dir, with_tfidf=not args.no_tfidf)
+    main_table = build_table(
+        settings, names, head_prompt=head_prompt, log=log, root=args.cache_dir, with_tfidf=not args.no_tfidf
+    )
     out = ["## Accuracy (ECE) on held-out test rows", "", main_table.markdown()]
     report = {"head_prompt": head_prompt, "dtype": args.dtype, "main": main_table.to_dict()}
     if not args.no_prompt_table:

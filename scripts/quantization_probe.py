@@ -54,9 +54,16 @@ def requantized_dir(cache_dir: Path) -> Path:
     with torch.no_grad():
         for name, p in model.named_parameters():
             # HF llama names -> GGUF names for the linear layers (q/k/v/o, gate/up/down)
-            gg = (name.replace("model.layers.", "blk.").replace(".self_attn.q_proj", ".attn_q").replace(".self_attn.k_proj", ".attn_k")
-                  .replace(".self_attn.v_proj", ".attn_v").replace(".self_attn.o_proj", ".attn_output")
-                  .replace(".mlp.gate_proj", ".ffn_gate").replace(".mlp.up_proj", ".ffn_up").replace(".mlp.down_proj", ".ffn_down"))
+            gg = (
+                name.replace("model.layers.", "blk.")
+                .replace(".self_attn.q_proj", ".attn_q")
+                .replace(".self_attn.k_proj", ".attn_k")
+                .replace(".self_attn.v_proj", ".attn_v")
+                .replace(".self_attn.o_proj", ".attn_output")
+                .replace(".mlp.gate_proj", ".ffn_gate")
+                .replace(".mlp.up_proj", ".ffn_up")
+                .replace(".mlp.down_proj", ".ffn_down")
+            )
             if gg in q4:
                 p.copy_(q4_1_shifted(p))
                 n += 1
@@ -94,7 +101,9 @@ def main() -> int:
             te = store.get([r.text for r in rows], desc=f"{label}: {name}")
             feats.setdefault(name, []).append(te.mean)
             probs = softmax(head.logits(te.mean))
-            rep = metrics.evaluate([r.label for r in rows], [suite.labels[k] for k in probs.argmax(1)], suite.labels, probs.max(1))
+            rep = metrics.evaluate(
+                [r.label for r in rows], [suite.labels[k] for k in probs.argmax(1)], suite.labels, probs.max(1)
+            )
             row[name] = {"accuracy": round(rep.accuracy, 4), "ece": round(rep.ece, 4)}
         out["models"][label] = row
     cos = {}

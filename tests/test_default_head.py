@@ -32,8 +32,14 @@ def test_default_head_recipe_refits_byte_identical_files_with_provenance(tiny_mo
     first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     assert main(["fit", "--default-head", "--model", str(tiny_model_dir), "--out", str(first)]) == 0
     env = {k: v for k, v in __import__("os").environ.items()} | {"OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "worker", "fit", "--default-head", "--model", str(tiny_model_dir),
-                           "--out", str(second)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "fit", "--default-head", "--model", str(tiny_model_dir), "--out", str(second)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert first.read_bytes() == second.read_bytes()  # another process, the same bytes
     head = Head.load(first)
@@ -56,8 +62,12 @@ def test_shipped_heads_are_current_with_the_data_and_meet_the_target():
     for path in filter(None, shipped):
         meta = Head.load(path).meta
         for d in meta["data"]:
-            assert d["sha256"] == sha256_file(ROOT / d["file"]), f"{path.name}: {d['file']} changed; run make default-head"
-        assert meta["head_prompt"] in ("labels", "task", None) and meta["dtype"] == "fp32"  # None: an encoder, no prompt
+            assert d["sha256"] == sha256_file(ROOT / d["file"]), (
+                f"{path.name}: {d['file']} changed; run make default-head"
+            )
+        assert (
+            meta["head_prompt"] in ("labels", "task", None) and meta["dtype"] == "fp32"
+        )  # None: an encoder, no prompt
         # fitted on the first set's 110 + the written train split; the written test split is never fitted on
         assert meta["n_train"] == 322 and meta["never_fitted_on"] == ["support-written-104"]
         assert meta["figures"]["shipped"]["support-written-104"]["accuracy"] >= 0.90, (path.name, meta["figures"])

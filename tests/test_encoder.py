@@ -60,7 +60,9 @@ def test_encoder_rows_are_cls_text_sep_and_pool_like_sentence_transformers(loade
     assert clf.max_input_tokens == 62  # 64 positions less [CLS] and [SEP]
     items = clf.prepare_valid([t for t, _ in TEXTS] + LONG)
     for p, text in zip(items, [t for t, _ in TEXTS] + LONG):
-        assert p.ids == tuple(tok(text, truncation=True, max_length=64)["input_ids"])  # what the tokenizer itself frames
+        assert p.ids == tuple(
+            tok(text, truncation=True, max_length=64)["input_ids"]
+        )  # what the tokenizer itself frames
     feats = run_features(clf, items, score=False, progress=False)
     assert len(clf.plan(items)) >= 2  # length buckets, as for a causal LM
     for i, p in enumerate(items):  # each ticket alone, plain mask-weighted mean over every token
@@ -76,7 +78,9 @@ def test_encoder_truncates_to_its_position_limit_and_flags_it(loaded_bert):
     assert "over the 62-token limit" in str(strict.prepare(["refund " * 200])[0])
 
 
-def test_encoder_with_a_head_batched_equals_reference_and_prompt_scoring_is_refused(loaded_bert, tiny_bert_dir, tmp_path):
+def test_encoder_with_a_head_batched_equals_reference_and_prompt_scoring_is_refused(
+    loaded_bert, tiny_bert_dir, tmp_path
+):
     clf = Classifier(loaded_bert, default_task())
     with pytest.raises(RuntimeError, match="needs a head"):
         clf.classify_texts(["hello"])
@@ -102,7 +106,9 @@ def test_encoder_with_a_head_batched_equals_reference_and_prompt_scoring_is_refu
     assert auto.scorer.kind == "head" and auto.scorer.head.meta["source"] == "task examples"
 
 
-def test_joined_features_run_both_models_on_the_same_passes(loaded_lm, loaded_bert, tiny_model_dir, tiny_bert_dir, tmp_path):
+def test_joined_features_run_both_models_on_the_same_passes(
+    loaded_lm, loaded_bert, tiny_model_dir, tiny_bert_dir, tmp_path
+):
     with pytest.raises(ValueError, match="causal LM plus an encoder"):
         Classifier(loaded_bert, default_task(), encoder=loaded_lm)
     clf = Classifier(loaded_lm, default_task(), encoder=loaded_bert, head_prompt="labels")
@@ -119,7 +125,9 @@ def test_joined_features_run_both_models_on_the_same_passes(loaded_lm, loaded_be
     head = _fit(clf)
     assert head.blocks == (64, 48)
     z = head.transform(joined)
-    assert np.allclose(np.linalg.norm(z[:, :64], axis=1), 8.0) and np.allclose(np.linalg.norm(z[:, 64:], axis=1), np.sqrt(48))
+    assert np.allclose(np.linalg.norm(z[:, :64], axis=1), 8.0) and np.allclose(
+        np.linalg.norm(z[:, 64:], axis=1), np.sqrt(48)
+    )
     path = tmp_path / "joined.safetensors"
     head.save(path)
     base = dict(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path / "c")
@@ -175,8 +183,27 @@ def test_bench_compares_backbones_in_one_run(tiny_model_dir, tiny_bert_dir, tmp_
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "bench.json"
     specs = f"{tiny_model_dir},{tiny_bert_dir},{tiny_model_dir}+{tiny_bert_dir}"
-    assert bench_main(["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "fp32", "--quick", "--modes", "5",
-                       "--backbones", specs, "--no-progress", "--json", str(out)]) == 0
+    assert (
+        bench_main(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--device",
+                "cpu",
+                "--dtype",
+                "fp32",
+                "--quick",
+                "--modes",
+                "5",
+                "--backbones",
+                specs,
+                "--no-progress",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["backbones"]
     assert [r["kind"] for r in rows] == ["decoder", "encoder", "joined"]
     assert rows[1]["prefix_tokens"] == 0 and rows[0]["prefix_tokens"] > 0  # no prefix for a bidirectional encoder
@@ -185,7 +212,9 @@ def test_bench_compares_backbones_in_one_run(tiny_model_dir, tiny_bert_dir, tmp_
 
 
 @pytest.mark.parametrize("joined", [False, True])
-def test_eval_and_fit_work_for_an_encoder_and_for_joined_features(joined, tiny_model_dir, tiny_bert_dir, tmp_path, monkeypatch):
+def test_eval_and_fit_work_for_an_encoder_and_for_joined_features(
+    joined, tiny_model_dir, tiny_bert_dir, tmp_path, monkeypatch
+):
     import json
     from pathlib import Path
 
@@ -195,11 +224,34 @@ def test_eval_and_fit_work_for_an_encoder_and_for_joined_features(joined, tiny_m
         monkeypatch.delenv(k)
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
     tickets = str(Path(__file__).parent / "data" / "support_tickets_labelled.jsonl")
-    model = ["--model", str(tiny_model_dir), "--encoder", str(tiny_bert_dir)] if joined else ["--model", str(tiny_bert_dir)]
+    model = (
+        ["--model", str(tiny_model_dir), "--encoder", str(tiny_bert_dir)] if joined else ["--model", str(tiny_bert_dir)]
+    )
     flags = model + ["--device", "cpu", "--dtype", "fp32", "--no-progress"]
     out = tmp_path / "eval.json"
-    assert main(["eval", "--input", tickets, "--split", "test", "--limit", "10", "--train", tickets, "--train-split", "train",
-                 "--pooling", "mean", "--json", str(out)] + flags) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--input",
+                tickets,
+                "--split",
+                "test",
+                "--limit",
+                "10",
+                "--train",
+                tickets,
+                "--train-split",
+                "train",
+                "--pooling",
+                "mean",
+                "--json",
+                str(out),
+            ]
+            + flags
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert {m["method"] for m in report["methods"]} == {"head"}  # no label tokens: heads only, and it says so
     assert any("no label tokens" in s for s in report["skipped"])
@@ -208,7 +260,13 @@ def test_eval_and_fit_work_for_an_encoder_and_for_joined_features(joined, tiny_m
     assert main(["fit", "--input", tickets, "--split", "train", "--out", str(head_path)] + flags) == 0
     head = Head.load(head_path)
     assert head.blocks == ((64, 48) if joined else (48,))
-    settings = Settings(model=model[1], encoder=model[3] if joined else None, device="cpu", dtype="fp32",
-                        cache_dir=tmp_path / "cache", head_path=head_path)
+    settings = Settings(
+        model=model[1],
+        encoder=model[3] if joined else None,
+        device="cpu",
+        dtype="fp32",
+        cache_dir=tmp_path / "cache",
+        head_path=head_path,
+    )
     clf = build_classifier(settings)
     assert clf.scorer.kind == "head" and clf.feature_dim == sum(head.blocks)

@@ -91,7 +91,9 @@ def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, ca
     preds = clf.classify_texts(["I was charged twice", "the app crashes"])
     assert all(p.label in task.labels for p in preds)
     # the default head prompt holds the instructions and label names only: the task file's examples do not change it
-    assert head.meta["head_prompt"] == "labels" and build_classifier(Settings(head_path=head_path)).scorer.kind == "head"
+    assert (
+        head.meta["head_prompt"] == "labels" and build_classifier(Settings(head_path=head_path)).scorer.kind == "head"
+    )
     full = tmp_path / "full.safetensors"  # fitted under the whole task prompt, examples included
     assert main(["fit", "--input", str(TICKETS), "--split", "train", "--out", str(full), "--head-prompt", "task",
                  "--examples-out", str(task_path), "--k", "1", "--method", "centroid", "--no-progress"]) == 0

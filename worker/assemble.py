@@ -67,7 +67,11 @@ class ScoringConfigError(ValueError):
 
 # ---------------------------------------------------------------------------- build
 def build_classifier(
-    settings: Settings, *, loaded: LoadedModel | None = None, task: Task | None = None, encoder: LoadedModel | None = None
+    settings: Settings,
+    *,
+    loaded: LoadedModel | None = None,
+    task: Task | None = None,
+    encoder: LoadedModel | None = None,
 ) -> Classifier:
     """The classifier these settings describe; ``loaded`` (and ``encoder``, for ``TRIAGE_ENCODER``) share already
     loaded models, ``task`` replaces the configured one (eval and bench prompt variants)."""
@@ -89,7 +93,11 @@ def build_classifier(
 
 
 def features_classifier(
-    settings: Settings, *, loaded: LoadedModel | None = None, task: Task | None = None, encoder: LoadedModel | None = None
+    settings: Settings,
+    *,
+    loaded: LoadedModel | None = None,
+    task: Task | None = None,
+    encoder: LoadedModel | None = None,
 ) -> Classifier:
     """A classifier whose passes give the pooled states a head reads under these settings (``TRIAGE_MODEL``,
     ``TRIAGE_ENCODER``, ``TRIAGE_HEAD_PROMPT``), with no scorer chosen: what ``fit`` and ``eval`` fit heads on."""
@@ -100,7 +108,8 @@ def features_classifier(
     if encoder is None and settings.encoder:
         encoder = load(settings, settings.encoder)
     options = engine_options(prompt_scoring(settings), loaded.model.device)
-    return Classifier(loaded, task or task_from_settings(settings), options, encoder=encoder, head_prompt=settings.head_prompt)
+    task = task or task_from_settings(settings)
+    return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
 
 
 def load(settings: Settings, name: str | None = None) -> LoadedModel:
@@ -203,7 +212,8 @@ def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
             return scorer
         missing = sorted(set(clf.labels) - {e.label for e in clf.task.examples})
         if missing and clf.needs_head:
-            raise ScoringConfigError(f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) or give "
+            raise ScoringConfigError(f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) "
+                                     "or give "
                                      f"the task an example for every label (none for {missing})")
         if missing:
             log.info("scorer: prompt (no task examples for %s; a head needs one per label)", missing)

@@ -55,8 +55,9 @@ class Settings(BaseSettings):
     # --- model / engine -------------------------------------------------
     model: str = Field(
         BUNDLED_MODEL,
-        description="HF model id, local directory, .gguf file, 'bundled:smollm2' (offline SmolLM2-135M-Instruct GGUF) or "
-        "'bundled:minilm' (offline all-MiniLM-L6-v2 encoder: needs a head). Causal LM or BERT-family encoder, read from its config.",
+        description="HF model id, local directory, .gguf file, 'bundled:smollm2' (offline SmolLM2-135M-Instruct "
+        "GGUF) or 'bundled:minilm' (offline all-MiniLM-L6-v2 encoder: needs a head). Causal LM or BERT-family "
+        "encoder, read from its config.",
     )
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto = CUDA, then MPS, then CPU.")
     dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field("auto", description="auto = fp16 on GPU; on CPU bf16 if measured faster than fp32, else fp32.")
@@ -101,9 +102,9 @@ class Settings(BaseSettings):
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
-        description="'prompt' = label-token scoring (causal LM only); 'head' = the head in head_path; auto = head_path if set, "
-        "else the head shipped for the built-in support task and this model (worker/heads), else a centroid head fitted on "
-        "the task's examples (one per label needed), else prompt.",
+        description="'prompt' = label-token scoring (causal LM only); 'head' = the head in head_path; auto = "
+        "head_path if set, else the head shipped for the built-in support task and this model (worker/heads), else "
+        "a centroid head fitted on the task's examples (one per label needed), else prompt.",
     )
     head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit`.")
     head_prompt: Literal["labels", "task"] = Field(
@@ -113,8 +114,8 @@ class Settings(BaseSettings):
     )
     encoder: str | None = Field(
         None,
-        description="Joined features: an encoder (e.g. 'bundled:minilm') run on the same passes as TRIAGE_MODEL; a head "
-        "scores the LM's states and the encoder's embedding together.",
+        description="Joined features: an encoder (e.g. 'bundled:minilm') run on the same passes as TRIAGE_MODEL; "
+        "a head scores the LM's states and the encoder's embedding together.",
     )
     calibration: Literal["none", "contextual"] = Field("none", description="Prior correction of label scores.")
     confidence_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Below this top probability the label becomes fallback_label.")

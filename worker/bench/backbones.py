@@ -21,7 +21,9 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return model.strip(), (encoder.strip() or None)
 
 
-def run_backbones(settings, specs: Sequence[str], texts: Sequence[str], on_pass: Callable[[int], None] = lambda n: None) -> list[dict]:
+def run_backbones(
+    settings, specs: Sequence[str], texts: Sequence[str], on_pass: Callable[[int], None] = lambda n: None
+) -> list[dict]:
     from worker.assemble import build_classifier
 
     runs = []
@@ -30,8 +32,19 @@ def run_backbones(settings, specs: Sequence[str], texts: Sequence[str], on_pass:
         clf = build_classifier(settings.model_copy(update={"model": model, "encoder": encoder}))
         items = clf.prepare_valid(list(texts))
         clf.classify(items[:2])  # warm-up: first-call allocations stay out of the timings
-        runs.append({"spec": spec, "clf": clf, "items": items, "passes": clf.plan(items), "next": 0,
-                     "wall_s": 0.0, "cpu_s": 0.0, "padded": 0, "real": 0})
+        runs.append(
+            {
+                "spec": spec,
+                "clf": clf,
+                "items": items,
+                "passes": clf.plan(items),
+                "next": 0,
+                "wall_s": 0.0,
+                "cpu_s": 0.0,
+                "padded": 0,
+                "real": 0,
+            }
+        )
     while any(r["next"] < len(r["passes"]) for r in runs):
         for r in runs:
             if r["next"] >= len(r["passes"]):
@@ -48,14 +61,22 @@ def run_backbones(settings, specs: Sequence[str], texts: Sequence[str], on_pass:
     out = []
     for r in runs:
         clf, n = r["clf"], len(r["items"])
-        out.append({
-            "backbone": r["spec"], "kind": "joined" if clf.encoder is not None else clf.kind,
-            "scorer": getattr(clf.scorer, "source", None) or clf.scorer.kind, "prefix_tokens": clf.prefix_length,
-            "feature_dim": clf.feature_dim, "passes": len(r["passes"]), "items": n, "wall_s": round(r["wall_s"], 3),
-            "cpu_s": round(r["cpu_s"], 3), "items_per_s": n / r["wall_s"] if r["wall_s"] else None,
-            "items_per_cpu_s": n / r["cpu_s"] if r["cpu_s"] else None,
-            "padding_pct": 100.0 * (r["padded"] - r["real"]) / r["padded"] if r["padded"] else 0.0,
-        })
+        out.append(
+            {
+                "backbone": r["spec"],
+                "kind": "joined" if clf.encoder is not None else clf.kind,
+                "scorer": getattr(clf.scorer, "source", None) or clf.scorer.kind,
+                "prefix_tokens": clf.prefix_length,
+                "feature_dim": clf.feature_dim,
+                "passes": len(r["passes"]),
+                "items": n,
+                "wall_s": round(r["wall_s"], 3),
+                "cpu_s": round(r["cpu_s"], 3),
+                "items_per_s": n / r["wall_s"] if r["wall_s"] else None,
+                "items_per_cpu_s": n / r["cpu_s"] if r["cpu_s"] else None,
+                "padding_pct": 100.0 * (r["padded"] - r["real"]) / r["padded"] if r["padded"] else 0.0,
+            }
+        )
     first = out[0]["items_per_s"] if out else None
     for row in out:
         row["vs_first"] = row["items_per_s"] / first if first and row["items_per_s"] else None
@@ -63,9 +84,15 @@ def run_backbones(settings, specs: Sequence[str], texts: Sequence[str], on_pass:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'backbone':34s} {'kind':8s} {'scorer':34s} {'prefix':>6s} {'passes':>6s} {'items/s':>8s} {'items/CPU-s':>11s} {'pad%':>5s} {'x first':>7s}"
+    head = (
+        f"{'backbone':34s} {'kind':8s} {'scorer':34s} {'prefix':>6s} {'passes':>6s} "
+        f"{'items/s':>8s} {'items/CPU-s':>11s} {'pad%':>5s} {'x first':>7s}"
+    )
     lines = [head]
     for r in rows:
-        lines.append(f"{r['backbone'][:34]:34s} {r['kind']:8s} {str(r['scorer'])[:34]:34s} {r['prefix_tokens']:6d} {r['passes']:6d} "
-                     f"{r['items_per_s']:8.1f} {r['items_per_cpu_s'] or 0:11.1f} {r['padding_pct']:5.1f} {r['vs_first'] or 0:7.2f}")
+        lines.append(
+            f"{r['backbone'][:34]:34s} {r['kind']:8s} {str(r['scorer'])[:34]:34s} "
+            f"{r['prefix_tokens']:6d} {r['passes']:6d} {r['items_per_s']:8.1f} "
+            f"{r['items_per_cpu_s'] or 0:11.1f} {r['padding_pct']:5.1f} {r['vs_first'] or 0:7.2f}"
+        )
     return "\n".join(lines)

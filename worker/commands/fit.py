@@ -23,7 +23,9 @@ HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", default=None, help="labelled JSONL/CSV (text, label), or a named set like banking77:train")
+    p.add_argument(
+        "--input", default=None, help="labelled JSONL/CSV (text, label), or a named set like banking77:train"
+    )
     p.add_argument("--default-head", action="store_true",
                    help="refit the shipped default head for TRIAGE_MODEL (+ TRIAGE_ENCODER) by its fixed recipe "
                    "(project's support tickets, fp32, one thread); --out defaults to the file inside the package")
@@ -98,12 +100,14 @@ def _fit(args, settings, task, rows) -> None:
 
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
-    clf = features_classifier(settings, task=task)  # the states a head reads in the worker (TRIAGE_HEAD_PROMPT, encoder)
+    # the states a head reads in the worker (TRIAGE_HEAD_PROMPT, TRIAGE_ENCODER)
+    clf = features_classifier(settings, task=task)
     t0 = time.perf_counter()
     items = clf.prepare_valid([r.text for r in rows])
     feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
-    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input),
+    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
+            "source": str(args.input),
             "head_prompt": clf.head_prompt}
     head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,
                     pooling=args.pooling, meta=meta, seed=args.seed, blocks=clf.feature_blocks)
@@ -133,7 +137,8 @@ def _default_head(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
         if clf.model_name not in SHIPPED:
-            print(f"fit: no shipped head file for {clf.model_name!r} (known: {sorted(SHIPPED)}); give --out", file=sys.stderr)
+            known = sorted(SHIPPED)
+            print(f"fit: no shipped head file for {clf.model_name!r} (known: {known}); give --out", file=sys.stderr)
             return 2
         out = HEADS_DIR / SHIPPED[clf.model_name]
     parts = ["triage-worker fit --default-head", f"--model {settings.model}"]

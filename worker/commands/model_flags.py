@@ -13,7 +13,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
     p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
     p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
-    p.add_argument("--encoder", default=None, help="override TRIAGE_ENCODER (joined LM + encoder features, e.g. bundled:minilm)")
+    p.add_argument(
+        "--encoder", default=None, help="override TRIAGE_ENCODER (joined LM + encoder features, e.g. bundled:minilm)"
+    )
     p.add_argument("--head-prompt", choices=["labels", "task"], default=None, help="override TRIAGE_HEAD_PROMPT")
 
 

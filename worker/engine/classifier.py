@@ -93,7 +93,9 @@ class Classifier:
         self._set_scoring(scorer, score_bias)
         # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
-        self.attention = pick_attention(self.options.attention, self.model.device) if self.kind == "decoder" else "padded"
+        self.attention = (
+            pick_attention(self.options.attention, self.model.device) if self.kind == "decoder" else "padded"
+        )
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kernel = self.options.attention_kernel
@@ -215,7 +217,8 @@ class Classifier:
         return (self.options.prefix_cache if prefix_cache is None else prefix_cache) and self.kind == "decoder"
 
     def cost_length(self, p: Prepared, prefix_cache: bool | None = None) -> int:
-        """Tokens the forward call computes for this ticket (the prefix too when it is not cached; joined: both models)."""
+        """Tokens the forward call computes for this ticket (the prefix too when it is not cached;
+        joined features: both models' tokens)."""
         return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length) + len(p.aux_ids)
 
     def plan(

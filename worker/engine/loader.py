@@ -71,7 +71,9 @@ class LoadedModel:
 def model_kind(config) -> str:
     """``encoder`` for a bidirectional BERT-family model, else ``decoder`` (a causal LM)."""
     if getattr(config, "is_encoder_decoder", False):
-        raise ModelNotFound(f"encoder-decoder models ({config.model_type}) are not supported: use a causal LM or an encoder")
+        raise ModelNotFound(
+            f"encoder-decoder models ({config.model_type}) are not supported: use a causal LM or an encoder"
+        )
     if getattr(config, "is_decoder", False):
         return "decoder"
     archs = tuple(getattr(config, "architectures", None) or ())
@@ -97,7 +99,9 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
         # the engine truncates to max_length itself (after tokenizing without special tokens); the tokenizer's own
         # "sequence longer than the maximum" warning would only print into the logs
         tokenizer.model_max_length = 1 << 30
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(source), kind=kind, max_length=max_length)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, source=str(source), kind=kind, max_length=max_length
+    )
 
 
 def encoder_max_length(source: str, config) -> int:

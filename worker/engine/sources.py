@@ -67,7 +67,9 @@ def bundled_minilm_zip() -> Path:
 
 # --------------------------------------------------------------- what TRIAGE_MODEL names
 def classify_model_name(name: str) -> tuple[str, Path | None]:
-    """("bundled" | "bundled-zip" | "gguf" | "dir" | "hub", path). Raises ModelNotFound for a path that is not usable."""
+    """("bundled" | "bundled-zip" | "gguf" | "dir" | "hub", path).
+
+    Raises ModelNotFound for a path that is not usable."""
     if name == BUNDLED_MODEL:
         return "bundled", bundled_gguf_path()
     if name == BUNDLED_MINILM:

@@ -79,8 +79,11 @@ class Table:
         return "\n".join(lines) + "\n" + "".join(f"\n{n}" for n in self.notes) + ("\n" if self.notes else "")
 
     def to_dict(self) -> dict:
-        return {"columns": self.columns, "notes": self.notes,
-                "rows": {r: {c: vars(cell) for c, cell in cells.items()} for r, cells in self.rows.items()}}
+        return {
+            "columns": self.columns,
+            "notes": self.notes,
+            "rows": {r: {c: vars(cell) for c, cell in cells.items()} for r, cells in self.rows.items()},
+        }
 
 
 def score(probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], note: str = "") -> Cell:
@@ -89,8 +92,17 @@ def score(probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], note: s
     return Cell(round(rep.accuracy, 4), round(rep.ece, 4), round(rep.macro_f1, 4), len(gold), note)
 
 
-def head_cell(train_x: np.ndarray, train_y: Sequence[str], test_x: np.ndarray, labels, gold, *, blocks=None,
-              method: str = "logreg", seed: int = 0) -> Cell:
+def head_cell(
+    train_x: np.ndarray,
+    train_y: Sequence[str],
+    test_x: np.ndarray,
+    labels,
+    gold,
+    *,
+    blocks=None,
+    method: str = "logreg",
+    seed: int = 0,
+) -> Cell:
     head = fit_head(train_x, train_y, labels, method=method, seed=seed, blocks=blocks)
     return score(softmax(head.logits(test_x)), labels, gold)
 
@@ -103,8 +115,10 @@ def tfidf_cell(train, test, labels) -> Cell:
 
     from sklearn.pipeline import make_union
 
-    vec = make_union(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=True),
-                     TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, lowercase=True))
+    vec = make_union(
+        TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=True),
+        TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, lowercase=True),
+    )
     x = vec.fit_transform([r.text for r in train])
     clf = LogisticRegressionCV(Cs=[0.3, 1, 3, 10, 30, 100], cv=3, max_iter=3000, random_state=0)
     clf.fit(x, [r.label for r in train])
@@ -117,8 +131,15 @@ def _texts(rows) -> list[str]:
     return [r.text for r in rows]
 
 
-def build_table(settings, suite_names: Sequence[str], *, head_prompt: str, log: Callable[[str], None] = print,
-                root: Path = DEFAULT_CACHE, with_tfidf: bool = True) -> Table:
+def build_table(
+    settings,
+    suite_names: Sequence[str],
+    *,
+    head_prompt: str,
+    log: Callable[[str], None] = print,
+    root: Path = DEFAULT_CACHE,
+    with_tfidf: bool = True,
+) -> Table:
     """The main table: one column per reporting set, every method fitted on the suite's train rows."""
     from worker.heads import shipped_head_path
 
@@ -145,8 +166,14 @@ def build_table(settings, suite_names: Sequence[str], *, head_prompt: str, log: 
             if name == "support":  # what the worker did before: a centroid on the task's own 5 examples
                 full = feature_store(lm_settings, suite.task, root)
                 ex = full.get([e.text for e in suite.task.examples], desc="task examples").mean
-                cell = head_cell(ex, [e.label for e in suite.task.examples], full.get(_texts(rows)).mean, labels, gold,
-                                 method="centroid")
+                cell = head_cell(
+                    ex,
+                    [e.label for e in suite.task.examples],
+                    full.get(_texts(rows)).mean,
+                    labels,
+                    gold,
+                    method="centroid",
+                )
                 table.add("old default: centroid head on the task's 5 examples (SmolLM2, task prompt)", col, cell)
             table.add(f"SmolLM2-135M head ({head_prompt} prompt)", col, head_cell(lm_tr, y, lm_te, labels, gold))
             table.add("all-MiniLM-L6-v2 head", col, head_cell(enc_tr, y, enc_te, labels, gold))
@@ -156,8 +183,11 @@ def build_table(settings, suite_names: Sequence[str], *, head_prompt: str, log: 
                 table.add(f"all-MiniLM-L6-v2 head, 3x the training rows ({len(suite.more_train):,})", col, cell)
             joined_tr, joined_te = np.concatenate([lm_tr, enc_tr], 1), np.concatenate([lm_te, enc_te], 1)
             blocks = (lm_tr.shape[1], enc_tr.shape[1])
-            table.add(f"SmolLM2 ({head_prompt} prompt) + MiniLM joined head", col,
-                      head_cell(joined_tr, y, joined_te, labels, gold, blocks=blocks))
+            table.add(
+                f"SmolLM2 ({head_prompt} prompt) + MiniLM joined head",
+                col,
+                head_cell(joined_tr, y, joined_te, labels, gold, blocks=blocks),
+            )
             if name == "support":
                 for model, feats in ((LM, None), (ENCODER, enc_te), (f"{LM}+{ENCODER}", None)):
                     path = shipped_head_path(model)
@@ -169,9 +199,14 @@ def build_table(settings, suite_names: Sequence[str], *, head_prompt: str, log: 
                         x = lmf.get(_texts(rows)).mean
                         feats = x if model == LM else np.concatenate([x, enc_te], 1)
                     seen = _seen_by(head, col)
-                    cell = score(softmax(head.reordered(labels).logits(feats)), labels, gold, " (seen in fit)" if seen else "")
+                    cell = score(
+                        softmax(head.reordered(labels).logits(feats)), labels, gold, " (seen in fit)" if seen else ""
+                    )
                     table.add(f"shipped default head: {path.name}", col, cell)
-        log(f"{name}: done in {time.perf_counter() - t0:.0f} s (LM computed {lm.computed}, MiniLM computed {enc.computed})")
+        log(
+            f"{name}: done in {time.perf_counter() - t0:.0f} s "
+            f"(LM computed {lm.computed}, MiniLM computed {enc.computed})"
+        )
     return table
 
 
@@ -191,7 +226,11 @@ def head_prompt_table(settings, root: Path = DEFAULT_CACHE, log: Callable[[str],
     table = Table([])
     for name, per_label, test_n in plans:
         suite = suites.load(name)
-        train = suite.train if not per_label else [Labelled(e.text, e.label) for e in pick_examples(suite.train, per_label, 0, max_chars=None)]
+        train = (
+            suite.train
+            if not per_label
+            else [Labelled(e.text, e.label) for e in pick_examples(suite.train, per_label, 0, max_chars=None)]
+        )
         y, labels = [r.label for r in train], list(suite.labels)
         for col, rows in suite.tests.items():
             rows = subsample(rows, test_n[col], 0) if col in test_n else rows
@@ -200,7 +239,9 @@ def head_prompt_table(settings, root: Path = DEFAULT_CACHE, log: Callable[[str],
             for hp in suites.HEAD_PROMPTS:
                 store = feature_store(lm_settings, suite.prompt_task(hp), root)
                 prefix = store.clf.prefix_length
-                cell = head_cell(store.get(_texts(train)).mean, y, store.get(_texts(rows)).mean, labels, [r.label for r in rows])
+                cell = head_cell(
+                    store.get(_texts(train)).mean, y, store.get(_texts(rows)).mean, labels, [r.label for r in rows]
+                )
                 cell.note = f" [{prefix}-token prefix]"
                 table.add(f"SmolLM2 head, {hp} prompt", column, cell)
         log(f"head prompt: {name} done")

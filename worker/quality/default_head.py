@@ -68,7 +68,12 @@ def _figures(head, x: np.ndarray, rows: list[Labelled]) -> dict:
     probs = softmax(head.logits(x))
     pred = [head.labels[k] for k in probs.argmax(1)]
     rep = metrics.evaluate([r.label for r in rows], pred, list(head.labels), probs.max(1))
-    return {"n": len(rows), "accuracy": round(rep.accuracy, 4), "macro_f1": round(rep.macro_f1, 4), "ece": round(rep.ece, 4)}
+    return {
+        "n": len(rows),
+        "accuracy": round(rep.accuracy, 4),
+        "macro_f1": round(rep.macro_f1, 4),
+        "ece": round(rep.ece, 4),
+    }
 
 
 def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = print, model_sha256: str | None = None):
@@ -77,11 +82,19 @@ def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = pri
     from worker.quality.head import fit_head, prompt_hash
 
     labels = list(clf.labels)
-    every = {key: _rows([part], root) for key, part in
-             {"first-train": (FIRST, "train"), "first-test": (FIRST, "test"),
-              "written-train": (WRITTEN, "train"), "written-test": (WRITTEN, "test")}.items()}
+    every = {
+        key: _rows([part], root)
+        for key, part in {
+            "first-train": (FIRST, "train"),
+            "first-test": (FIRST, "test"),
+            "written-train": (WRITTEN, "train"),
+            "written-test": (WRITTEN, "test"),
+        }.items()
+    }
     texts = [r.text for rows in every.values() for r in rows]
-    feats = run_features(clf, clf.prepare_valid(texts), score=False, desc="default head: features", progress=False).pooled(POOLING)
+    feats = run_features(
+        clf, clf.prepare_valid(texts), score=False, desc="default head: features", progress=False
+    ).pooled(POOLING)
     x, start = {}, 0
     for key, rows in every.items():
         x[key] = feats[start : start + len(rows)]
@@ -90,25 +103,44 @@ def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = pri
     def fit(keys):
         rows = [r for k in keys for r in every[k]]
         xs = np.concatenate([x[k] for k in keys])
-        return fit_head(xs, [r.label for r in rows], labels, method=METHOD, pooling=POOLING, seed=SEED,
-                        blocks=clf.feature_blocks), len(rows)
+        return fit_head(
+            xs, [r.label for r in rows], labels, method=METHOD, pooling=POOLING, seed=SEED, blocks=clf.feature_blocks
+        ), len(rows)
 
     protocol, n_protocol = fit(["first-train", "written-train"])
-    figures = {"protocol": {"fitted_on": n_protocol,
-                            "support-60": _figures(protocol, x["first-test"], every["first-test"]),
-                            "support-written-104": _figures(protocol, x["written-test"], every["written-test"])}}
+    figures = {
+        "protocol": {
+            "fitted_on": n_protocol,
+            "support-60": _figures(protocol, x["first-test"], every["first-test"]),
+            "support-written-104": _figures(protocol, x["written-test"], every["written-test"]),
+        }
+    }
     log(f"protocol head (fitted on {n_protocol} train-split tickets): {figures['protocol']}")
     shipped, n_shipped = fit(["first-train", "first-test", "written-train"])
-    figures["shipped"] = {"fitted_on": n_shipped, "support-written-104": _figures(shipped, x["written-test"], every["written-test"])}
+    figures["shipped"] = {
+        "fitted_on": n_shipped,
+        "support-written-104": _figures(shipped, x["written-test"], every["written-test"]),
+    }
     log(f"shipped head (fitted on {n_shipped} tickets, never on the written test split): {figures['shipped']}")
-    data = [{"file": f, "sha256": sha256_file(root / f), "fitted_splits": s} for f, s in
-            ((FIRST, ["train", "test"]), (WRITTEN, ["train"]))]
+    data = [
+        {"file": f, "sha256": sha256_file(root / f), "fitted_splits": s}
+        for f, s in ((FIRST, ["train", "test"]), (WRITTEN, ["train"]))
+    ]
     import torch
 
     shipped.meta.update(
-        model=clf.model_name, model_sha256=model_sha256, prompt_hash=prompt_hash(clf), head_prompt=clf.head_prompt,
-        dtype=clf.dtype_name, seed=SEED, torch=torch.__version__.split("+")[0], command=command, data=data,
-        source="shipped default (worker/quality/default_head.py)", figures=figures,
-        fitted_on_reporting_sets=["support-60"], never_fitted_on=["support-written-104"],
+        model=clf.model_name,
+        model_sha256=model_sha256,
+        prompt_hash=prompt_hash(clf),
+        head_prompt=clf.head_prompt,
+        dtype=clf.dtype_name,
+        seed=SEED,
+        torch=torch.__version__.split("+")[0],
+        command=command,
+        data=data,
+        source="shipped default (worker/quality/default_head.py)",
+        figures=figures,
+        fitted_on_reporting_sets=["support-60"],
+        never_fitted_on=["support-written-104"],
     )
     return shipped

@@ -17,7 +17,14 @@ from typing import Sequence
 
 import numpy as np
 
-from worker.assemble import AUTO_METHOD, AUTO_POOLING, build_classifier, features_classifier, prompt_scoring, shipped_head_for
+from worker.assemble import (
+    AUTO_METHOD,
+    AUTO_POOLING,
+    build_classifier,
+    features_classifier,
+    prompt_scoring,
+    shipped_head_for,
+)
 from worker.engine.classifier import Classifier, softmax
 from worker.engine.loader import LoadedModel
 from worker.engine.task import Task
@@ -45,7 +52,7 @@ class EvalConfig:
     curve_repeats: int = 3
     cache_dir: Path | None = None  # forward-pass results cache (see features.run_features)
     head_file: Path | None = None  # a head fitted by `triage-worker fit`, scored too (if it fits the task's prompt)
-    blocks: Sequence[int] | None = None  # joined features: widths normalized apart (set from the head pass's classifier)
+    blocks: Sequence[int] | None = None  # joined features: widths normalized apart (from the head pass's classifier)
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
@@ -107,7 +114,8 @@ def evaluate_all(
     head_only = loaded.kind != "decoder" or encoder is not None
     tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg) if not head_only else ({}, "task")
     if head_only:
-        cfg.skipped.append(f"prompt scoring: {loaded.name} {'+ ' + encoder.name if encoder else ''} has no label tokens "
+        joined = f" + {encoder.name}" if encoder else ""
+        cfg.skipped.append(f"prompt scoring: {loaded.name}{joined} has no label tokens "
                            "(encoder / joined features): heads only")
     too_many = len(labels) > cfg.max_prompt_labels
     if too_many:
@@ -163,7 +171,8 @@ def _head_pass(loaded, encoder, settings, base: Task, texts, passes: dict, cfg: 
                      cache_dir=cfg.cache_dir)
     info["head_pass"] = {"prefix_tokens": clf.prefix_length, "seconds": round(p.seconds, 1), "from_cache": p.cached,
                          "prompt_hash": want}
-    log(f"head prompt ({clf.head_prompt or clf.kind}): {len(texts)} tickets in {p.seconds:.1f} s (prefix {clf.prefix_length} tokens)")
+    log(f"head prompt ({clf.head_prompt or clf.kind}): {len(texts)} tickets in {p.seconds:.1f} s "
+        f"(prefix {clf.prefix_length} tokens)")
     return clf, p
 
 
@@ -225,7 +234,9 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
         return prompt
     if head_file is not None:
         return "head file"
-    if settings.scorer == "auto" and shipped_head_for(settings.model + (f"+{settings.encoder}" if settings.encoder else ""), base):
+    if settings.scorer == "auto" and shipped_head_for(
+        settings.model + (f"+{settings.encoder}" if settings.encoder else ""), base
+    ):
         return "shipped default head"
     if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
         return f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"
@@ -237,7 +248,8 @@ def _fit_and_score(prefix: str, tr: Features, y: Sequence[str], test_pass: Featu
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
             t1 = time.perf_counter()
-            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed, blocks=cfg.blocks)
+            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed,
+                            blocks=cfg.blocks)
             fit_s = time.perf_counter() - t1
             probs = softmax(head.logits(test_pass.pooled(pooling)))
             extra = {"method": "head", "variant": f"{method}/{pooling}", "calibration": "none", "fit_seconds": round(fit_s, 2),

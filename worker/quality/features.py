@@ -169,7 +169,9 @@ class FeatureStore:
             for k, m, last in zip(new_keys, out.mean, out.last):
                 self._mean[k], self._last[k] = m, last
             self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / "spec.json").write_text(json.dumps({"model": self.clf.model_name, "dtype": self.clf.dtype_name}))
+            (self.dir / "spec.json").write_text(
+                json.dumps({"model": self.clf.model_name, "dtype": self.clf.dtype_name})
+            )
             shard = self.dir / f"shard-{int(time.time() * 1000)}-{len(todo)}.npz"
             tmp = shard.with_suffix(".tmp.npz")
             np.savez(tmp, keys=np.array(new_keys), mean=out.mean, last=out.last)

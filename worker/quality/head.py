@@ -129,7 +129,9 @@ def normalize_blocks(z: np.ndarray, blocks: Sequence[int]) -> np.ndarray:
     start = 0
     for width in blocks:
         part = z[:, start : start + width]
-        out[:, start : start + width] = part * (np.sqrt(width) / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12))
+        out[:, start : start + width] = part * (
+            np.sqrt(width) / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12)
+        )
         start += width
     if start != z.shape[1]:
         raise ValueError(f"feature blocks {list(blocks)} do not add up to {z.shape[1]} columns")
@@ -270,5 +272,6 @@ class HeadScorer:
         x = (fwd.h_mean if self.needs_mean else fwd.h_last).float().to(self._mu.device)
         z = (x - self._mu) / self._sd
         parts = z.split(self._blocks, dim=1)
-        z = torch.cat([p * (float(np.sqrt(p.shape[1])) / p.norm(dim=1, keepdim=True).clamp(min=1e-12)) for p in parts], 1)
+        z = torch.cat([p * (float(np.sqrt(p.shape[1])) / p.norm(dim=1, keepdim=True).clamp(min=1e-12))
+                       for p in parts], 1)
         return torch.log_softmax(z @ self._w.T + self._b, dim=-1)

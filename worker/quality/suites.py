@@ -50,9 +50,14 @@ def support() -> Suite:
     first_train = data.load_labelled(SUPPORT_FIRST, split="train")
     written_train = data.load_labelled(SUPPORT_WRITTEN, split="train")
     return Suite(
-        "support", tuple(DEFAULT_LABELS), first_train + written_train, [],
-        {"support-60": data.load_labelled(SUPPORT_FIRST, split="test"),
-         "support-written-104": data.load_labelled(SUPPORT_WRITTEN, split="test")},
+        "support",
+        tuple(DEFAULT_LABELS),
+        first_train + written_train,
+        [],
+        {
+            "support-60": data.load_labelled(SUPPORT_FIRST, split="test"),
+            "support-written-104": data.load_labelled(SUPPORT_WRITTEN, split="test"),
+        },
         default_task(),
         ["train = the 50 first-set + 212 written training tickets; the built-in task prompt"],
     )
@@ -72,8 +77,15 @@ def clinc_domains() -> Suite:
     labels = tuple(data.label_order(test, train, preferred=list(DEFAULT_LABELS)))
     desc = {k: v for k, v in data.descriptions_from_label_map(src.label_map_path).items() if k in labels}
     task = Task(labels, desc, tuple(pick_examples(train, 1, 0, labels)), DEFAULT_INSTRUCTIONS)
-    return Suite("clinc150-domains", labels, train, dev, {"clinc150-domains-400": test}, task,
-                 ["train 100 per label (1,100); dev: 330 sampled validation queries; test: 400 of 5,500 (seed 0)"])
+    return Suite(
+        "clinc150-domains",
+        labels,
+        train,
+        dev,
+        {"clinc150-domains-400": test},
+        task,
+        ["train 100 per label (1,100); dev: 330 sampled validation queries; test: 400 of 5,500 (seed 0)"],
+    )
 
 
 def banking77() -> Suite:
@@ -84,9 +96,16 @@ def banking77() -> Suite:
     labels = tuple(data.label_order(test, train))
     task = Task(labels, {}, tuple(pick_examples(train, 1, 0, labels)), DEFAULT_INSTRUCTIONS)
     more = [Labelled(e.text, e.label) for e in pick_examples(rows, 60, 0, max_chars=None)]
-    return Suite("banking77", labels, train, dev, {"banking77-500": test}, task,
-                 ["train 20 per label (1,540); dev: 5 more per label from train (385); test: 500 of 3,080 (seed 0)"],
-                 more_train=more)
+    return Suite(
+        "banking77",
+        labels,
+        train,
+        dev,
+        {"banking77-500": test},
+        task,
+        ["train 20 per label (1,540); dev: 5 more per label from train (385); test: 500 of 3,080 (seed 0)"],
+        more_train=more,
+    )
 
 
 SUITES = {"support": support, "clinc150-domains": clinc_domains, "banking77": banking77}
