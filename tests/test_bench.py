@@ -8,6 +8,7 @@ from the plans, and the JSON/PNG outputs must exist with the documented keys.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -24,14 +25,28 @@ def bench_doc(tiny_model_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bench")
     threads = torch.get_num_threads()
-    rc = cli.main([
+    # the few-shot run scores with the start-up head; under the default labels-only head prompt its prefix would hold
+    # no examples: the whole task prompt keeps "the examples live in the prefix" measurable here
+    saved = os.environ.get("TRIAGE_HEAD_PROMPT")
+    os.environ["TRIAGE_HEAD_PROMPT"] = "task"
+    try:
+        rc = _run_bench(out, tiny_model_dir)
+    finally:
+        if saved is None:
+            os.environ.pop("TRIAGE_HEAD_PROMPT", None)
+        else:
+            os.environ["TRIAGE_HEAD_PROMPT"] = saved
+    assert rc == 0
+    assert torch.get_num_threads() == threads  # the bench pins 1 thread on CPU, then restores the caller's
+    return json.loads((out / "b.json").read_text()), out
+
+
+def _run_bench(out, tiny_model_dir):
+    return cli.main([
         "--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "fp32", "--n", str(N), "--fixed-batch", "4",
         "--pass-max-items", "4", "--prompt", "both", "--sweep", "--sweep-items", "1,4", "--sweep-tokens", "4096",
         "--gemm-tokens", "32", "--json", str(out / "b.json"), "--plot", str(out / "b.png"), "--no-progress",
     ])
-    assert rc == 0
-    assert torch.get_num_threads() == threads  # the bench pins 1 thread on CPU, then restores the caller's
-    return json.loads((out / "b.json").read_text()), out
 
 
 def test_every_mode_agrees_with_sequential_and_counts_add_up(bench_doc):

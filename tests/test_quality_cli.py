@@ -90,8 +90,18 @@ def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, ca
     assert clf.scorer.kind == "head"
     preds = clf.classify_texts(["I was charged twice", "the app crashes"])
     assert all(p.label in task.labels for p in preds)
+    # the default head prompt holds the instructions and label names only: the task file's examples do not change it
+    assert (
+        head.meta["head_prompt"] == "labels" and build_classifier(Settings(head_path=head_path)).scorer.kind == "head"
+    )
+    full = tmp_path / "full.safetensors"  # fitted under the whole task prompt, examples included
+    assert main(["fit", "--input", str(TICKETS), "--split", "train", "--out", str(full), "--head-prompt", "task",
+                 "--examples-out", str(task_path), "--k", "1", "--method", "centroid", "--no-progress"]) == 0
+    assert build_classifier(Settings(task_file=task_path, head_path=full, head_prompt="task")).scorer.kind == "head"
     with pytest.raises(HeadMismatch, match="prompt"):  # same labels, but without the examples it was fitted under
-        build_classifier(Settings(head_path=head_path))
+        build_classifier(Settings(head_path=full, head_prompt="task"))
+    with pytest.raises(HeadMismatch, match="'task' prompt"):  # fitted under the whole task, run under labels only
+        build_classifier(Settings(task_file=task_path, head_path=full))
     # eval scores the head file under the task it was fitted for, and names it the worker's default
     monkeypatch.setenv("TRIAGE_TASK_FILE", str(task_path))
     monkeypatch.setenv("TRIAGE_HEAD_PATH", str(head_path))

@@ -32,6 +32,7 @@ def settings_for(tiny_model_dir, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
 
     def make(**kw) -> Settings:
+        kw.setdefault("head_prompt", "task")  # the heads here are fitted under the full task prompt (`clf` below)
         return Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=cache, **kw)
 
     return make

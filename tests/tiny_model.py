@@ -74,3 +74,52 @@ def build_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 6
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def build_bert_tokenizer():
+    """A WordPiece tokenizer (BERT style: lower case, [CLS] ... [SEP]) trained on the tiny corpus."""
+    from tokenizers import normalizers, processors
+    from transformers import BertTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=400, special_tokens=special, show_progress=False)
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                             sep_token="[SEP]", mask_token="[MASK]")
+
+
+def build_tiny_bert(path: Path, seed: int = 0, layers: int = 2, hidden: int = 48) -> Path:
+    """A tiny random BERT encoder (``BertModel``, like sentence-transformers checkpoints) + WordPiece tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = build_bert_tokenizer()
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        architectures=["BertModel"],
+    )
+    model = BertModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(SCALE)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    (path / "sentence_bert_config.json").write_text('{"max_seq_length": 64, "do_lower_case": false}')
+    return path

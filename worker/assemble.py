@@ -12,11 +12,19 @@ Scorer choice (``TRIAGE_SCORER``):
 * ``prompt``: label-token scoring (the engine's ``PromptScorer``).
 * ``head``: the head in ``TRIAGE_HEAD_PATH`` (required); it must have been fitted for this
   model, prompt and label set, else start-up fails with the reason.
-* ``auto`` (default): the head in ``TRIAGE_HEAD_PATH`` when set; else, when the task has at
-  least one few-shot example for every label (the built-in default task does), a
+* ``auto`` (default): the head in ``TRIAGE_HEAD_PATH`` when set; else, for the built-in
+  support task on a model the package ships a head for (``worker/heads``: bundled:smollm2,
+  bundled:minilm, both joined), that shipped head, fitted on the project's labelled support
+  tickets; else, when the task has at least one few-shot example for every label, a
   nearest-centroid head fitted at start-up on those examples' hidden states (one forward
   pass over a handful of examples, well under a second); else prompt scoring. Measured on
-  real tickets this beats label-token prompting by a wide margin (docs/quality.md).
+  real tickets heads beat label-token prompting by a wide margin (docs/quality.md).
+
+Backbones: ``TRIAGE_MODEL`` may be a causal LM or an encoder (BERT family: a head is then
+required); ``TRIAGE_ENCODER`` adds an encoder beside the LM (joined features, a head
+required). A head reads the states of the prompt ``TRIAGE_HEAD_PROMPT`` names (``labels``:
+instructions + label names, the default; ``task``: the whole task prompt); prompt scoring
+always uses the whole task prompt.
 
 ``TRIAGE_CALIBRATION=contextual``: prompt scores are divided by the model's label
 preference on content-free tickets (one tiny forward pass at start-up). A head's
@@ -58,22 +66,54 @@ class ScoringConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------- build
-def build_classifier(settings: Settings, *, loaded: LoadedModel | None = None, task: Task | None = None) -> Classifier:
-    """The classifier these settings describe; ``loaded`` shares an already loaded model, ``task`` replaces the
-    configured one (eval and bench prompt variants)."""
+def build_classifier(
+    settings: Settings,
+    *,
+    loaded: LoadedModel | None = None,
+    task: Task | None = None,
+    encoder: LoadedModel | None = None,
+) -> Classifier:
+    """The classifier these settings describe; ``loaded`` (and ``encoder``, for ``TRIAGE_ENCODER``) share already
+    loaded models, ``task`` replaces the configured one (eval and bench prompt variants)."""
     from worker.engine.classifier import Classifier
 
     warn_deprecated_env()
     if loaded is None:
         loaded = load(settings)
-    prompt = Classifier(loaded, task or task_from_settings(settings), engine_options(settings, loaded.model.device))
+    if encoder is None and settings.encoder:
+        encoder = load(settings, settings.encoder)
+    task = task or task_from_settings(settings)
+    name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
+    head_prompt = settings.head_prompt if planned_scorer(settings, task, loaded.kind, name) == "head" else "task"
+    options = engine_options(settings, loaded.model.device)
+    prompt = Classifier(loaded, task, options, encoder=encoder, head_prompt=head_prompt)
     scorer = choose_scorer(prompt, settings)
     bias = calibration_bias(prompt, settings, scorer)
     return prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias)
 
 
-def load(settings: Settings) -> LoadedModel:
-    """Threads, device, dtype, weights: the one call of ``load_model``."""
+def features_classifier(
+    settings: Settings,
+    *,
+    loaded: LoadedModel | None = None,
+    task: Task | None = None,
+    encoder: LoadedModel | None = None,
+) -> Classifier:
+    """A classifier whose passes give the pooled states a head reads under these settings (``TRIAGE_MODEL``,
+    ``TRIAGE_ENCODER``, ``TRIAGE_HEAD_PROMPT``), with no scorer chosen: what ``fit`` and ``eval`` fit heads on."""
+    from worker.engine.classifier import Classifier
+
+    if loaded is None:
+        loaded = load(settings)
+    if encoder is None and settings.encoder:
+        encoder = load(settings, settings.encoder)
+    options = engine_options(prompt_scoring(settings), loaded.model.device)
+    task = task or task_from_settings(settings)
+    return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
+
+
+def load(settings: Settings, name: str | None = None) -> LoadedModel:
+    """Threads, device, dtype, weights: the one call of ``load_model`` (``name``: another model, e.g. the encoder)."""
     import torch
 
     from worker.engine.device import pick_device, pick_dtype, pick_threads
@@ -82,7 +122,7 @@ def load(settings: Settings) -> LoadedModel:
     device = pick_device(settings.device)
     if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
         torch.set_num_threads(threads)
-    return load_model(settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
+    return load_model(name or settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
 
 
 # Per-pass caps on a CUDA device when TRIAGE_PASS_* are not set: a window becomes a few large passes.
@@ -131,6 +171,28 @@ def prompt_scoring(settings: Settings) -> Settings:
 
 
 # --------------------------------------------------------------------------- scorer
+def planned_scorer(settings: Settings, task: Task, kind: str, model_name: str) -> str:
+    """``head`` or ``prompt``: what ``choose_scorer`` will pick (the prompt a head reads depends on it)."""
+    if settings.scorer == "prompt":
+        return "prompt"
+    if settings.scorer == "head" or settings.head_path is not None or kind != "decoder" or settings.encoder:
+        return "head"
+    if shipped_head_for(model_name, task) is not None:
+        return "head"
+    return "prompt" if set(task.labels) - {e.label for e in task.examples} else "head"
+
+
+def shipped_head_for(model_name: str, task: Task) -> Path | None:
+    """The head the package ships for this model and the built-in support task (labels and instructions), if any."""
+    from worker.engine.task import default_task
+    from worker.heads import shipped_head_path
+
+    builtin = default_task()
+    if task.labels != builtin.labels or task.instructions != builtin.instructions:
+        return None
+    return shipped_head_path(model_name)
+
+
 def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
     """The scorer ``settings.scorer`` asks for on ``clf`` (a prompt-scoring classifier); ``None`` = prompt scoring."""
     from worker.quality.head import HeadScorer
@@ -138,10 +200,21 @@ def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
     head_path = settings.head_path
     if settings.scorer == "head" and head_path is None:
         raise ScoringConfigError("TRIAGE_SCORER=head needs TRIAGE_HEAD_PATH (a head fitted by `triage-worker fit`)")
+    if settings.scorer == "prompt" and clf.needs_head:
+        raise ScoringConfigError(f"TRIAGE_SCORER=prompt needs a causal LM's label tokens; {clf.model_name} has none "
+                                 "(use TRIAGE_SCORER=auto or head, with a head fitted by `triage-worker fit`)")
     if settings.scorer in ("head", "auto") and head_path is not None:
         return load_head_scorer(clf, head_path)
     if settings.scorer == "auto":
+        shipped = shipped_head_for(clf.model_name, clf.task)
+        scorer = load_shipped_head(clf, shipped) if shipped is not None else None
+        if scorer is not None:
+            return scorer
         missing = sorted(set(clf.labels) - {e.label for e in clf.task.examples})
+        if missing and clf.needs_head:
+            raise ScoringConfigError(f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) "
+                                     "or give "
+                                     f"the task an example for every label (none for {missing})")
         if missing:
             log.info("scorer: prompt (no task examples for %s; a head needs one per label)", missing)
             return None
@@ -168,6 +241,21 @@ def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
     return HeadScorer(head.reordered(clf.labels), device=clf.device, source=str(path))
 
 
+def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
+    """The packaged default head when it fits ``clf`` (model, prompt, labels); else ``None``, logged."""
+    from worker.quality.head import Head, HeadMismatch, HeadScorer
+
+    head = Head.load(path)
+    try:
+        head.check(clf)
+    except HeadMismatch as e:
+        log.info("shipped default head not used: %s", e)
+        return None
+    log.info("scorer: shipped default head %s (%s/%s on %s's states, fitted on %s labelled support tickets)",
+             path.name, head.method, head.pooling, clf.model_name, head.meta.get("n_train"))
+    return HeadScorer(head.reordered(clf.labels), device=clf.device, source=f"shipped:{path.name}")
+
+
 def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, pooling: str = AUTO_POOLING):
     """A head from the task's own few-shot examples, through the classifier's own forward pass."""
     from worker.quality.features import run_features
@@ -176,9 +264,10 @@ def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, poolin
     examples = clf.task.examples
     feats = run_features(clf, clf.prepare_valid([e.text for e in examples]), score=False, progress=False)
     meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
-            "source": "task examples"}
+            "source": "task examples", "head_prompt": clf.head_prompt}
     labels = [e.label for e in examples]
-    return fit_head(feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta)
+    return fit_head(feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta,
+                    blocks=clf.feature_blocks)
 
 
 def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None):

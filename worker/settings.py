@@ -55,7 +55,9 @@ class Settings(BaseSettings):
     # --- model / engine -------------------------------------------------
     model: str = Field(
         BUNDLED_MODEL,
-        description="HF model id, local directory, .gguf file, or 'bundled:smollm2' (offline SmolLM2-135M-Instruct GGUF).",
+        description="HF model id, local directory, .gguf file, 'bundled:smollm2' (offline SmolLM2-135M-Instruct "
+        "GGUF) or 'bundled:minilm' (offline all-MiniLM-L6-v2 encoder: needs a head). Causal LM or BERT-family "
+        "encoder, read from its config.",
     )
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto = CUDA, then MPS, then CPU.")
     dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field("auto", description="auto = fp16 on GPU; on CPU bf16 if measured faster than fp32, else fp32.")
@@ -100,9 +102,21 @@ class Settings(BaseSettings):
     )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
-        description="'prompt' = label-token scoring; 'head' = the head in head_path; auto = head_path if set, else a centroid head fitted on the task's examples (one per label needed), else prompt.",
+        description="'prompt' = label-token scoring (causal LM only); 'head' = the head in head_path; auto = "
+        "head_path if set, else the head shipped for the built-in support task and this model (worker/heads), else "
+        "a centroid head fitted on the task's examples (one per label needed), else prompt.",
     )
     head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit`.")
+    head_prompt: Literal["labels", "task"] = Field(
+        "labels",
+        description="Prompt around each ticket when a head scores it: 'labels' = instructions + label names (short, "
+        "measured as good or better), 'task' = the full task prompt (descriptions, examples). Recorded in head files.",
+    )
+    encoder: str | None = Field(
+        None,
+        description="Joined features: an encoder (e.g. 'bundled:minilm') run on the same passes as TRIAGE_MODEL; "
+        "a head scores the LM's states and the encoder's embedding together.",
+    )
     calibration: Literal["none", "contextual"] = Field("none", description="Prior correction of label scores.")
     confidence_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Below this top probability the label becomes fallback_label.")
     fallback_label: str = Field("needs_review", description="Label written when the top probability is below confidence_threshold.")

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sweep", action="store_true", help="also run mode 5 over a pass_max_items x pass_max_tokens grid")
     r.add_argument("--sweep-items", default=SWEEP_ITEMS, help="grid for --sweep (default %(default)s)")
     r.add_argument("--sweep-tokens", default=SWEEP_TOKENS, help="grid for --sweep (default %(default)s)")
+    r.add_argument(
+        "--backbones",
+        metavar="SPECS",
+        help="also compare backbones on the same tickets, each with the worker's scorer for it: comma list of "
+        "MODEL or LM+ENCODER, e.g. bundled:smollm2,bundled:minilm,bundled:smollm2+bundled:minilm",
+    )
     r.add_argument("--redis", action="store_true", help="mode 6: the same tickets through Redis + `python -m worker run --drain`")
     r.add_argument("--redis-url", help="TRIAGE_REDIS_URL for --redis")
     r.add_argument("--gemm-tokens", type=int, help="M of the GEMM microbenchmark (default 512 on CPU, 8192 on GPU)")
@@ -196,6 +202,14 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         doc["runs"].append(entry)
         if args.json:  # as it goes: a run cut short by a time limit still leaves every finished prompt
             report.write_json(args.json, {**doc, "complete": False, "total_s": time.perf_counter() - t_start})
+    if getattr(args, "backbones", None):
+        from worker.bench import backbones as bb
+
+        specs = [x.strip() for x in args.backbones.split(",") if x.strip()]
+        with _bar(args, len(wk.texts) * len(specs), f"backbones: {len(specs)}, interleaved") as bar:
+            doc["backbones"] = bb.run_backbones(settings, specs, wk.texts, bar.update)
+        title = "\nbackbones (the worker's path and scorer for each; passes interleaved)\n"
+        print(title + bb.table(doc["backbones"]), flush=True)
     if args.redis:
         from worker.bench.modes import run_redis
         from worker.redis_server import redis_or_private

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"eval: {e}", file=sys.stderr)
         return 2
     loaded = load(settings)
+    encoder = load(settings, settings.encoder) if settings.encoder else None
     cfg = evaluation.EvalConfig(
         variants=args.variants, k=args.k, seed=args.seed, calibrations=args.calibration, head_methods=args.head_methods,
         poolings=args.pooling, max_prompt_labels=args.max_prompt_labels, progress=not args.no_progress,
@@ -81,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
         head_file=args.head or settings.head_path,
     )
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
-    report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log)
+    report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log, encoder=encoder)
     report = {
-        "model": settings.model, "device": str(loaded.model.device),
+        "model": settings.model, "encoder": settings.encoder, "device": str(loaded.model.device),
         "dtype": str(loaded.model.dtype).replace("torch.", ""),
         "input": test_src.description, "train": train_src.description if train_src else None,
         "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),

@@ -3,6 +3,7 @@
   triage-worker fit --input TRAIN --out head.safetensors          # head for the configured task
   triage-worker fit --input TRAIN --examples-out task.yaml --k 2  # task file with k examples per label
   (both at once: the head is fitted for the new task file's prompt)
+  triage-worker fit --default-head                                # refit the shipped default head (make default-head)
 
 The head is tied to the model and the exact prompt (instructions, descriptions,
 examples) it was fitted with; the worker refuses a head that does not match.
@@ -22,7 +23,12 @@ HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="labelled JSONL/CSV (text, label), or a named set like banking77:train")
+    p.add_argument(
+        "--input", default=None, help="labelled JSONL/CSV (text, label), or a named set like banking77:train"
+    )
+    p.add_argument("--default-head", action="store_true",
+                   help="refit the shipped default head for TRIAGE_MODEL (+ TRIAGE_ENCODER) by its fixed recipe "
+                   "(project's support tickets, fp32, one thread); --out defaults to the file inside the package")
     p.add_argument("--split", default=None, help="only rows whose 'split' field equals this")
     p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to the labels")
     p.add_argument("--out", type=Path, default=None, help="write the fitted head here (.safetensors)")
@@ -41,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from worker.quality import data
     from worker.quality.fewshot import pick_examples, write_task_file
 
+    if args.default_head:
+        return _default_head(args)
+    if args.input is None:
+        print("fit: --input is required (or --default-head)", file=sys.stderr)
+        return 2
     if args.out is None and args.examples_out is None:
         print("fit: nothing to do: give --out (a head) and/or --examples-out (a task file)", file=sys.stderr)
         return 2
@@ -81,7 +92,7 @@ def _task_for(task, rows, settings, writing_task: bool):
 def _fit(args, settings, task, rows) -> None:
     import time
 
-    from worker.assemble import build_classifier, prompt_scoring
+    from worker.assemble import features_classifier
     from worker.quality import data
     from worker.quality.features import run_features
     from worker.quality.fewshot import pick_examples
@@ -89,14 +100,17 @@ def _fit(args, settings, task, rows) -> None:
 
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
-    clf = build_classifier(prompt_scoring(settings), task=task)  # hidden states of the prompt the worker will run
+    # the states a head reads in the worker (TRIAGE_HEAD_PROMPT, TRIAGE_ENCODER)
+    clf = features_classifier(settings, task=task)
     t0 = time.perf_counter()
     items = clf.prepare_valid([r.text for r in rows])
     feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
-    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name, "source": str(args.input)}
+    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
+            "source": str(args.input),
+            "head_prompt": clf.head_prompt}
     head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,
-                    pooling=args.pooling, meta=meta, seed=args.seed)
+                    pooling=args.pooling, meta=meta, seed=args.seed, blocks=clf.feature_blocks)
     head.save(args.out)
     fewest = min(head.meta["per_label"].values())
     if fewest < 8:
@@ -105,3 +119,34 @@ def _fit(args, settings, task, rows) -> None:
     print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets ({secs:.0f} s forward) -> {args.out}")
     env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
     print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")
+
+
+def _default_head(args: argparse.Namespace) -> int:
+    """The shipped head's fixed recipe (worker/quality/default_head.py) for the configured model (+ encoder)."""
+    import torch
+
+    from worker.assemble import features_classifier
+    from worker.engine.task import default_task
+    from worker.heads import HEADS_DIR, SHIPPED
+    from worker.quality.default_head import DTYPE, model_file_hash, refit
+
+    args.dtype, args.device = args.dtype or DTYPE, args.device or "cpu"
+    settings = settings_from_args(args)
+    torch.set_num_threads(1)  # summation order fixed: the same machine refits the same bytes
+    clf = features_classifier(settings, task=default_task())
+    out = args.out
+    if out is None:
+        if clf.model_name not in SHIPPED:
+            known = sorted(SHIPPED)
+            print(f"fit: no shipped head file for {clf.model_name!r} (known: {known}); give --out", file=sys.stderr)
+            return 2
+        out = HEADS_DIR / SHIPPED[clf.model_name]
+    parts = ["triage-worker fit --default-head", f"--model {settings.model}"]
+    parts += ([f"--encoder {settings.encoder}"] if settings.encoder else []) + [f"--head-prompt {settings.head_prompt}"]
+    parts += [f"--dtype {clf.dtype_name}"]
+    models = [clf.loaded] + ([clf.encoder] if clf.encoder is not None else [])
+    hashes = [model_file_hash(m.name, m.source) for m in models]
+    head = refit(clf, " ".join(parts), model_sha256="+".join(h or "-" for h in hashes))
+    head.save(out)
+    print(f"wrote {out} ({clf.model_name}, {settings.head_prompt} prompt, {clf.dtype_name})")
+    return 0

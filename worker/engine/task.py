@@ -68,6 +68,10 @@ class Task:
     def without_examples(self) -> "Task":
         return self.with_examples([])
 
+    def labels_only(self) -> "Task":
+        """Instructions + label names: the short prompt a head needs (no descriptions, no examples)."""
+        return Task(self.labels, {}, (), self.instructions)
+
 
 def default_task(with_examples: bool = True) -> Task:
     examples = tuple(Example(t, lab) for t, lab in DEFAULT_EXAMPLES) if with_examples else ()

@@ -22,9 +22,10 @@ class InvalidTicket(ValueError):
 class Prepared:
     """A tokenized ticket, ready for a pass."""
 
-    ids: tuple[int, ...]  # suffix: ticket text tokens + answer cue
+    ids: tuple[int, ...]  # suffix: ticket text tokens + answer cue ([CLS] text [SEP] for an encoder)
     n_text_tokens: int
     truncated: bool
+    aux_ids: tuple[int, ...] = ()  # joined features: the same ticket as the encoder sees it ([CLS] text [SEP])
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def verify(
         n=n,
         dtype=clf.dtype_name,
         device=str(clf.device),
-        prefix_cache=clf.options.prefix_cache,
+        prefix_cache=clf.use_prefix_cache,
         agreement_pct=100.0 * agree / n if n else 100.0,
         max_abs_delta_prob=max_delta,
         padding_pct=stats.padding_pct,

@@ -17,7 +17,14 @@ from typing import Sequence
 
 import numpy as np
 
-from worker.assemble import AUTO_METHOD, AUTO_POOLING, build_classifier, prompt_scoring
+from worker.assemble import (
+    AUTO_METHOD,
+    AUTO_POOLING,
+    build_classifier,
+    features_classifier,
+    prompt_scoring,
+    shipped_head_for,
+)
 from worker.engine.classifier import Classifier, softmax
 from worker.engine.loader import LoadedModel
 from worker.engine.task import Task
@@ -45,6 +52,7 @@ class EvalConfig:
     curve_repeats: int = 3
     cache_dir: Path | None = None  # forward-pass results cache (see features.run_features)
     head_file: Path | None = None  # a head fitted by `triage-worker fit`, scored too (if it fits the task's prompt)
+    blocks: Sequence[int] | None = None  # joined features: widths normalized apart (from the head pass's classifier)
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
@@ -93,13 +101,22 @@ def score_method(name: str, probs: np.ndarray, labels: Sequence[str], gold: Sequ
 
 def evaluate_all(
     loaded: LoadedModel, settings, base: Task, test: Sequence[Labelled], train: Sequence[Labelled] | None,
-    cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print,
+    cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print, encoder: LoadedModel | None = None,
 ) -> dict:
-    """Score every requested method on ``test``; the report is plain JSON-able data."""
+    """Score every requested method on ``test``; the report is plain JSON-able data.
+
+    Heads are fitted on the pooled states the worker's head reads (``features_classifier``: the
+    ``TRIAGE_HEAD_PROMPT`` prompt; an encoder's or joined states). An encoder or joined features
+    have no label tokens: only heads are measured for them."""
     labels = list(base.labels)
     gold = [r.label for r in test]
     texts = [r.text for r in test]
-    tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg)
+    head_only = loaded.kind != "decoder" or encoder is not None
+    tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg) if not head_only else ({}, "task")
+    if head_only:
+        joined = f" + {encoder.name}" if encoder else ""
+        cfg.skipped.append(f"prompt scoring: {loaded.name}{joined} has no label tokens "
+                           "(encoder / joined features): heads only")
     too_many = len(labels) > cfg.max_prompt_labels
     if too_many:
         cfg.skipped.append(f"prompt scoring: {len(labels)} labels > --max-prompt-labels {cfg.max_prompt_labels} (head only)")
@@ -107,10 +124,10 @@ def evaluate_all(
     if want_head and not train and not base.examples and cfg.head_file is None:
         cfg.skipped.append("head: needs a training file (--train), examples in the task, or a head file")
         want_head = False
-    results, passes, info = [], {}, {"head_prompt": base_name}
+    results, passes, info = [], {}, {"head_prompt": settings.head_prompt if not head_only or encoder else None}
     for name, task in tasks.items():
         score = not too_many and name in cfg.variants
-        if not score and not (name == base_name and want_head):
+        if not score:
             continue
         clf = make_classifier(loaded, task, settings)
         items = clf.prepare_valid(texts)
@@ -128,7 +145,8 @@ def evaluate_all(
             results.append(score_method(name if c == "none" else f"{name} +{c}", softmax(p.log_scores - bias), labels, gold, extra))
     curve: list[dict] = []
     if want_head:
-        heads, curve = _heads(base, passes[base_name], train, labels, gold, cfg, info, log)
+        heads, curve = _heads(base, _head_pass(loaded, encoder, settings, base, texts, passes, cfg, info, log),
+                              train, labels, gold, cfg, info, log)
         results += heads
     best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
     default = worker_default(settings, base, settings.head_path)
@@ -139,6 +157,23 @@ def evaluate_all(
         "passes": info, "skipped": cfg.skipped, "best": best["name"] if best else None, "methods": results,
         "learning_curve": curve,
     }
+
+
+def _head_pass(loaded, encoder, settings, base: Task, texts, passes: dict, cfg: EvalConfig, info: dict, log):
+    """The test tickets' states under the head's prompt: a prompt variant's pass when it is the same prompt."""
+    clf = features_classifier(settings, loaded=loaded, task=base, encoder=encoder)
+    want = prompt_hash(clf)
+    for name, (c, p) in passes.items():
+        if prompt_hash(c) == want:
+            info["head_pass"] = name
+            return clf, p
+    p = run_features(clf, clf.prepare_valid(texts), score=False, desc="test pass: head prompt", progress=cfg.progress,
+                     cache_dir=cfg.cache_dir)
+    info["head_pass"] = {"prefix_tokens": clf.prefix_length, "seconds": round(p.seconds, 1), "from_cache": p.cached,
+                         "prompt_hash": want}
+    log(f"head prompt ({clf.head_prompt or clf.kind}): {len(texts)} tickets in {p.seconds:.1f} s "
+        f"(prefix {clf.prefix_length} tokens)")
+    return clf, p
 
 
 def _bias(kind: str, clf: Classifier, p: Features) -> np.ndarray:
@@ -153,9 +188,13 @@ def _bias(kind: str, clf: Classifier, p: Features) -> np.ndarray:
 
 def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[dict], list[dict]]:
     clf, test_pass = task_pass
+    cfg.blocks = clf.feature_blocks
     out = []
     if cfg.head_file is not None:
         out += _score_head_file(cfg.head_file, clf, test_pass, labels, gold, cfg)
+    shipped = shipped_head_for(clf.model_name, base)
+    if shipped is not None:
+        out += _score_head_file(shipped, clf, test_pass, labels, gold, cfg, name="shipped default head")
     if base.examples and {e.label for e in base.examples} == set(labels):  # what `auto` fits at start-up
         ex = run_features(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
         out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
@@ -172,7 +211,8 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
     return out, curve
 
 
-def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
+def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, gold, cfg: EvalConfig,
+                     name: str = "head file") -> list[dict]:
     from worker.quality.head import Head, HeadMismatch
 
     head = Head.load(path)
@@ -184,7 +224,7 @@ def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, g
     head = head.reordered(labels)
     probs = softmax(head.logits(test_pass.pooled(head.pooling)))
     extra = {"method": "head", "variant": f"{head.method}/{head.pooling}", "calibration": "none", "head_file": str(path)}
-    return [score_method(f"head file {head.method}/{head.pooling}", probs, labels, gold, extra)]
+    return [score_method(f"{name} {head.method}/{head.pooling}", probs, labels, gold, extra)]
 
 
 def worker_default(settings, base: Task, head_file: Path | None) -> str:
@@ -194,6 +234,10 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
         return prompt
     if head_file is not None:
         return "head file"
+    if settings.scorer == "auto" and shipped_head_for(
+        settings.model + (f"+{settings.encoder}" if settings.encoder else ""), base
+    ):
+        return "shipped default head"
     if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
         return f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"
     return prompt  # prompt variants are named by content: "task" may have been de-duplicated (see evaluate_all)
@@ -204,7 +248,8 @@ def _fit_and_score(prefix: str, tr: Features, y: Sequence[str], test_pass: Featu
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
             t1 = time.perf_counter()
-            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed)
+            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed,
+                            blocks=cfg.blocks)
             fit_s = time.perf_counter() - t1
             probs = softmax(head.logits(test_pass.pooled(pooling)))
             extra = {"method": "head", "variant": f"{method}/{pooling}", "calibration": "none", "fit_seconds": round(fit_s, 2),
@@ -227,7 +272,8 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                 for rep in range(repeats):
                     rng = np.random.default_rng(cfg.seed * 1000 + rep)
                     idx = np.concatenate([rng.permutation(v)[:n] for v in by_label.values() if len(v)])
-                    head = fit_head(tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method=method, pooling=pooling, seed=cfg.seed)
+                    head = fit_head(tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method=method, pooling=pooling,
+                                    seed=cfg.seed, blocks=cfg.blocks)
                     probs = softmax(head.logits(test_pass.pooled(pooling)))
                     pred = [labels[k] for k in probs.argmax(1)]
                     rep_ = metrics.evaluate(gold, pred, labels, probs.max(1))

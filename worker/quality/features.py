@@ -127,3 +127,56 @@ def _run(clf: Classifier, items: Sequence[Prepared], score: bool, desc: str, pro
     if last is None:
         raise ValueError("no items to run")
     return Features(log_scores=scores, last=last, mean=mean)
+
+
+class FeatureStore:
+    """Pooled states per ticket on disk, so re-fits and new tables never run a ticket through the model twice.
+
+    One folder per (model, dtype, prompt) under ``root``; each call that computes new tickets adds one
+    ``.npz`` shard (ticket keys = a hash of the ticket's token ids, plus its mean and last states).
+    Unlike ``run_features``'s cache (one file per exact list of tickets), any subset or superset of
+    already-seen tickets is served from here.
+    """
+
+    def __init__(self, root: Path, clf: Classifier):
+        from worker.quality.head import prompt_hash
+
+        self.clf = clf
+        spec = [clf.model_name, clf.dtype_name, str(clf.device), prompt_hash(clf)]
+        self.dir = Path(root) / hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:20]
+        self._mean: dict[str, np.ndarray] = {}
+        self._last: dict[str, np.ndarray] = {}
+        self.computed = 0  # tickets run through the model by this store (the rest came from disk)
+        if self.dir.is_dir():
+            for shard in sorted(self.dir.glob("shard-*.npz")):
+                with np.load(shard, allow_pickle=False) as z:
+                    for k, m, last in zip(z["keys"].tolist(), z["mean"], z["last"]):
+                        self._mean[k], self._last[k] = m, last
+
+    @staticmethod
+    def _key(p: Prepared) -> str:
+        return hashlib.sha256(np.asarray(p.ids, dtype=np.int64).tobytes()).hexdigest()[:24]
+
+    def get(self, texts: Sequence[str], *, desc: str = "features", progress: bool = True) -> Features:
+        items = self.clf.prepare_valid(list(texts))
+        keys = [self._key(p) for p in items]
+        todo = sorted({k: i for i, k in enumerate(keys) if k not in self._mean}.values())
+        secs = 0.0
+        if todo:
+            out = run_features(self.clf, [items[i] for i in todo], score=False, desc=desc, progress=progress)
+            secs = out.seconds
+            new_keys = [keys[i] for i in todo]
+            for k, m, last in zip(new_keys, out.mean, out.last):
+                self._mean[k], self._last[k] = m, last
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "spec.json").write_text(
+                json.dumps({"model": self.clf.model_name, "dtype": self.clf.dtype_name})
+            )
+            shard = self.dir / f"shard-{int(time.time() * 1000)}-{len(todo)}.npz"
+            tmp = shard.with_suffix(".tmp.npz")
+            np.savez(tmp, keys=np.array(new_keys), mean=out.mean, last=out.last)
+            tmp.replace(shard)
+            self.computed += len(todo)
+        mean = np.stack([self._mean[k] for k in keys])
+        last = np.stack([self._last[k] for k in keys])
+        return Features(log_scores=np.zeros((len(keys), 0)), last=last, mean=mean, seconds=secs, cached=not todo)

@@ -3,7 +3,9 @@
 Same single bucketed forward pass as prompt scoring; only the last step differs.
 Features are standardized (mean/std of the training states: LM hidden states have a
 few huge outlier dimensions), L2-normalized to norm sqrt(H), then scored linearly:
-``logits = W z + b``. Two fits produce that form:
+``logits = W z + b``. Joined features (an LM's states next to an encoder's embedding)
+are normalized block by block (``blocks``: the width of each), each to norm
+sqrt(its width), so neither model's scale drowns the other's. Two fits produce that form:
 
 * ``logreg``: multinomial logistic regression, L2 penalty picked by k-fold CV log-loss;
 * ``centroid``: cosine to each class mean, times a temperature fitted by leave-one-out log-loss.
@@ -35,7 +37,12 @@ class HeadMismatch(ValueError):
 
 def prompt_hash(clf) -> str:
     """Identifies the token ids around every ticket: hidden states depend on them."""
-    blob = json.dumps([list(clf.template.prefix_ids), list(clf.template.tail_ids)]).encode()
+    t = clf.template
+    parts = [list(t.prefix_ids), list(t.tail_ids)] + ([["lead"] + list(t.lead_ids)] if t.lead_ids else [])
+    aux = getattr(clf, "aux_template", None) if getattr(clf, "encoder", None) is not None else None
+    if aux is not None:  # joined features: the encoder's framing too
+        parts.append(["encoder"] + list(aux.lead_ids) + ["|"] + list(aux.tail_ids))
+    blob = json.dumps(parts).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -50,9 +57,14 @@ class Head:
     bias: np.ndarray  # [J]
     meta: dict = field(default_factory=dict)  # model, prompt_hash, dtype, n_train, l2, ...
 
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        """Widths of the feature blocks normalized separately (one block: a single model's states)."""
+        return tuple(self.meta.get("blocks") or (self.mean.shape[0],))
+
     def transform(self, x: np.ndarray) -> np.ndarray:
         z = (np.asarray(x, dtype=np.float64) - self.mean) / self.std
-        return z * (np.sqrt(z.shape[1]) / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12))
+        return normalize_blocks(z, self.blocks)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self.transform(x) @ self.weight.T + self.bias
@@ -66,8 +78,12 @@ class Head:
             problems.append(f"model {self.meta.get('model')!r} != {clf.model_name!r}")
         if self.meta.get("prompt_hash") != prompt_hash(clf):
             problems.append("the prompt (instructions, label descriptions or few-shot examples) changed since fitting")
-        if self.mean.shape[0] != clf.model.config.hidden_size:
-            problems.append(f"hidden size {self.mean.shape[0]} != {clf.model.config.hidden_size}")
+        dim = feature_dim(clf)
+        if self.mean.shape[0] != dim:
+            problems.append(f"feature size {self.mean.shape[0]} != {dim}")
+        want, have = self.meta.get("head_prompt"), getattr(clf, "head_prompt", None)
+        if want and have and want != have:
+            problems.append(f"fitted under the {want!r} prompt, this classifier uses {have!r} (TRIAGE_HEAD_PROMPT)")
         if problems:
             raise HeadMismatch("scorer head does not fit this classifier: " + "; ".join(problems) + " (refit with `triage-worker fit`)")
 
@@ -101,12 +117,36 @@ class Head:
         return cls(labels, meta.pop("pooling"), meta.pop("method"), t["mean"], t["std"], t["weight"], t["bias"], meta)
 
 
+def feature_dim(clf) -> int:
+    """Width of the pooled states ``clf``'s passes produce (joined: LM + encoder)."""
+    dim = getattr(clf, "feature_dim", None)
+    return int(dim) if dim is not None else int(clf.model.config.hidden_size)
+
+
+def normalize_blocks(z: np.ndarray, blocks: Sequence[int]) -> np.ndarray:
+    """Each block of columns rescaled to norm sqrt(its width) (per row)."""
+    out = np.empty_like(z)
+    start = 0
+    for width in blocks:
+        part = z[:, start : start + width]
+        out[:, start : start + width] = part * (
+            np.sqrt(width) / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12)
+        )
+        start += width
+    if start != z.shape[1]:
+        raise ValueError(f"feature blocks {list(blocks)} do not add up to {z.shape[1]} columns")
+    return out
+
+
 # ---------------------------------------------------------------------- fitting
 def fit_head(
     x: np.ndarray, y: Sequence[str], labels: Sequence[str], *, method: str = "logreg", pooling: str = "mean",
-    l2: float | None = None, meta: dict | None = None, seed: int = 0,
+    l2: float | None = None, meta: dict | None = None, seed: int = 0, blocks: Sequence[int] | None = None,
 ) -> Head:
-    """Fit on pooled states ``x`` [N, H] with string labels ``y``; every label needs >= 1 example."""
+    """Fit on pooled states ``x`` [N, H] with string labels ``y``; every label needs >= 1 example.
+
+    ``blocks``: widths of separately normalized feature blocks (joined features), default one block.
+    """
     labels = tuple(labels)
     index = {lab: j for j, lab in enumerate(labels)}
     missing = [lab for lab in labels if lab not in set(y)]
@@ -116,7 +156,10 @@ def fit_head(
     x = np.asarray(x, dtype=np.float64)
     mu = x.mean(0)
     sd = x.std(0) + 1e-6 * (x.std(0).max() + 1e-12) + 1e-12
-    head = Head(labels, pooling, method, mu, sd, np.zeros((len(labels), x.shape[1])), np.zeros(len(labels)), dict(meta or {}))
+    meta = dict(meta or {})
+    if blocks is not None and len(blocks) > 1:
+        meta["blocks"] = [int(b) for b in blocks]
+    head = Head(labels, pooling, method, mu, sd, np.zeros((len(labels), x.shape[1])), np.zeros(len(labels)), meta)
     z = head.transform(x)
     if method == "centroid":
         head.weight, scale = _fit_centroid(z, yi, len(labels))
@@ -220,14 +263,15 @@ class HeadScorer:
         self.source = source  # the head file, or "task examples" (fitted at start-up)
         self.names = head.labels
         self.needs_mean = head.pooling == "mean"
-        dim = head.mean.shape[0]
         f32 = lambda a: torch.tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         self._mu, self._sd = f32(head.mean), f32(head.std)
-        self._w, self._b, self._norm = f32(head.weight), f32(head.bias), float(np.sqrt(dim))
+        self._w, self._b, self._blocks = f32(head.weight), f32(head.bias), list(head.blocks)
 
     @torch.inference_mode()
     def scores(self, model, fwd) -> torch.Tensor:
         x = (fwd.h_mean if self.needs_mean else fwd.h_last).float().to(self._mu.device)
         z = (x - self._mu) / self._sd
-        z = z * (self._norm / z.norm(dim=1, keepdim=True).clamp(min=1e-12))
+        parts = z.split(self._blocks, dim=1)
+        z = torch.cat([p * (float(np.sqrt(p.shape[1])) / p.norm(dim=1, keepdim=True).clamp(min=1e-12))
+                       for p in parts], 1)
         return torch.log_softmax(z @ self._w.T + self._b, dim=-1)

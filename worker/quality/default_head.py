@@ -1,0 +1,146 @@
+"""The shipped default head: fitted by a fixed recipe, reproducible bit for bit, with its figures inside.
+
+``triage-worker fit --default-head`` (``make default-head``) runs the recipe:
+
+1. pooled states of every labelled support ticket of the project (``tests/data``), fp32, one thread;
+2. **protocol**: a head fitted on the train splits only (first set 50 + written 212), scored on the
+   first set's 60 test tickets and on the 104 written test tickets;
+3. **shipped**: a head fitted on everything except the written test split (first set 110 + written
+   212 = 322 tickets), scored on the 104 written test tickets, which no head ever saw;
+4. saved as safetensors with the provenance (data files and their sha256, model and its file hash,
+   prompt hash, head prompt, seed, dtype, command) and both sets of figures in the metadata.
+
+Nothing in the file depends on the time or the machine's paths, so a refit on the same machine
+(same torch, one thread) writes the same bytes (``tests/test_default_head.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from worker.quality import metrics
+from worker.quality.data import Labelled, load_labelled
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST = "tests/data/support_tickets_labelled.jsonl"
+WRITTEN = "tests/data/support_tickets_written.jsonl"
+REPORTING = {"support-60": (FIRST, "test"), "support-written-104": (WRITTEN, "test")}
+PROTOCOL_TRAIN = [(FIRST, "train"), (WRITTEN, "train")]
+SHIPPED_TRAIN = [(FIRST, "train"), (FIRST, "test"), (WRITTEN, "train")]  # never WRITTEN test
+METHOD, POOLING, SEED, DTYPE = "logreg", "mean", 0, "fp32"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_file_hash(name: str, source: str) -> str | None:
+    """sha256 of the weights file a model name resolves to (bundled GGUF / zip, or a directory's safetensors)."""
+    from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL
+    from worker.engine.loader import bundled_gguf_path, bundled_minilm_zip
+
+    if name == BUNDLED_MODEL:
+        return sha256_file(bundled_gguf_path())
+    if name == BUNDLED_MINILM:
+        return sha256_file(bundled_minilm_zip())
+    weights = Path(source) / "model.safetensors"
+    return sha256_file(weights) if weights.is_file() else None
+
+
+def _rows(parts, root: Path) -> list[Labelled]:
+    out: list[Labelled] = []
+    for file, split in parts:
+        out += load_labelled(root / file, split=split)
+    return out
+
+
+def _figures(head, x: np.ndarray, rows: list[Labelled]) -> dict:
+    from worker.engine.classifier import softmax
+
+    probs = softmax(head.logits(x))
+    pred = [head.labels[k] for k in probs.argmax(1)]
+    rep = metrics.evaluate([r.label for r in rows], pred, list(head.labels), probs.max(1))
+    return {
+        "n": len(rows),
+        "accuracy": round(rep.accuracy, 4),
+        "macro_f1": round(rep.macro_f1, 4),
+        "ece": round(rep.ece, 4),
+    }
+
+
+def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = print, model_sha256: str | None = None):
+    """Run the recipe on ``clf`` (its model, prompt and dtype); returns the shipped ``Head``."""
+    from worker.quality.features import run_features
+    from worker.quality.head import fit_head, prompt_hash
+
+    labels = list(clf.labels)
+    every = {
+        key: _rows([part], root)
+        for key, part in {
+            "first-train": (FIRST, "train"),
+            "first-test": (FIRST, "test"),
+            "written-train": (WRITTEN, "train"),
+            "written-test": (WRITTEN, "test"),
+        }.items()
+    }
+    texts = [r.text for rows in every.values() for r in rows]
+    feats = run_features(
+        clf, clf.prepare_valid(texts), score=False, desc="default head: features", progress=False
+    ).pooled(POOLING)
+    x, start = {}, 0
+    for key, rows in every.items():
+        x[key] = feats[start : start + len(rows)]
+        start += len(rows)
+
+    def fit(keys):
+        rows = [r for k in keys for r in every[k]]
+        xs = np.concatenate([x[k] for k in keys])
+        return fit_head(
+            xs, [r.label for r in rows], labels, method=METHOD, pooling=POOLING, seed=SEED, blocks=clf.feature_blocks
+        ), len(rows)
+
+    protocol, n_protocol = fit(["first-train", "written-train"])
+    figures = {
+        "protocol": {
+            "fitted_on": n_protocol,
+            "support-60": _figures(protocol, x["first-test"], every["first-test"]),
+            "support-written-104": _figures(protocol, x["written-test"], every["written-test"]),
+        }
+    }
+    log(f"protocol head (fitted on {n_protocol} train-split tickets): {figures['protocol']}")
+    shipped, n_shipped = fit(["first-train", "first-test", "written-train"])
+    figures["shipped"] = {
+        "fitted_on": n_shipped,
+        "support-written-104": _figures(shipped, x["written-test"], every["written-test"]),
+    }
+    log(f"shipped head (fitted on {n_shipped} tickets, never on the written test split): {figures['shipped']}")
+    data = [
+        {"file": f, "sha256": sha256_file(root / f), "fitted_splits": s}
+        for f, s in ((FIRST, ["train", "test"]), (WRITTEN, ["train"]))
+    ]
+    import torch
+
+    shipped.meta.update(
+        model=clf.model_name,
+        model_sha256=model_sha256,
+        prompt_hash=prompt_hash(clf),
+        head_prompt=clf.head_prompt,
+        dtype=clf.dtype_name,
+        seed=SEED,
+        torch=torch.__version__.split("+")[0],
+        command=command,
+        data=data,
+        source="shipped default (worker/quality/default_head.py)",
+        figures=figures,
+        fitted_on_reporting_sets=["support-60"],
+        never_fitted_on=["support-written-104"],
+    )
+    return shipped
