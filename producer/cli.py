@@ -29,7 +29,9 @@ def _settings(args):
     settings, problems = preflight.load_settings(ProducerSettings, redis_url=getattr(args, "redis_url", None))
     if problems:
         if getattr(args, "redis_url", None):
-            problems = [preflight.Problem("--redis-url", p.message) if p.where == "TRIAGE_REDIS_URL" else p for p in problems]
+            problems = [
+                preflight.Problem("--redis-url", p.message) if p.where == "TRIAGE_REDIS_URL" else p for p in problems
+            ]
         raise ConfigError("\n".join(str(p) for p in problems))
     return settings
 
@@ -142,8 +144,11 @@ def cmd_wait(args) -> int:
                 rows = [json.loads(line) for line in f if line.strip()]
             tickets += [Submitted(str(r["id"]), str(r["stream_id"])) for r in rows]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"triage-producer wait: cannot read {args.from_file} (JSON lines with id and stream_id, "
-                  f"as written by send --ids-out): {e}", file=sys.stderr)
+            print(
+                f"triage-producer wait: cannot read {args.from_file} (JSON lines with id and stream_id, "
+                f"as written by send --ids-out): {e}",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     if not tickets:
         print("triage-producer wait: give ticket ids or --from-file", file=sys.stderr)
@@ -154,7 +159,9 @@ def cmd_wait(args) -> int:
 def cmd_backlog(args) -> int:
     client = _client(args)
     s = client.settings
-    print(f"{client.backlog()} tickets waiting in {s.input_stream} (limit {s.input_max_backlog or 'none'}, policy {s.backpressure})")
+    print(
+        f"{client.backlog()} tickets waiting in {s.input_stream} (limit {s.input_max_backlog or 'none'}, policy {s.backpressure})"
+    )
     return EXIT_OK
 
 
@@ -162,8 +169,13 @@ def cmd_demo(args) -> int:
     from producer.demo import run_demo
 
     return run_demo(
-        n=args.n, seed=args.seed, keep=args.keep, redis_url=args.redis_url, namespace=args.namespace,
-        timeout_s=args.timeout_s, json_out=args.json,
+        n=args.n,
+        seed=args.seed,
+        keep=args.keep,
+        redis_url=args.redis_url,
+        namespace=args.namespace,
+        timeout_s=args.timeout_s,
+        json_out=args.json,
     )
 
 
@@ -175,35 +187,50 @@ def _version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="triage-producer", description="Push support tickets to the triage worker and read its results.")
+    parser = argparse.ArgumentParser(
+        prog="triage-producer", description="Push support tickets to the triage worker and read its results."
+    )
     parser.add_argument("--redis-url", help="overrides TRIAGE_REDIS_URL")
     parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)")
+    p = sub.add_parser(
+        "send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)"
+    )
     p.add_argument("file")
     p.add_argument("--limit", type=int, help="send at most this many")
     p.add_argument("--ids-out", help="write {id, stream_id} JSON lines of what was sent here")
     p.add_argument("--wait-s", type=float, default=0, help="then wait this long for the results and print label counts")
     p.set_defaults(_run=cmd_send)
 
-    p = sub.add_parser("synth", help="generate realistic synthetic tickets (long-tailed lengths); print, save or send them")
+    p = sub.add_parser(
+        "synth", help="generate realistic synthetic tickets (long-tailed lengths); print, save or send them"
+    )
     p.add_argument("--n", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write JSON Lines (id, text, label) to this file")
-    p.add_argument("--send", action="store_true", help="send them to the input stream (label goes into meta.synthetic_label)")
+    p.add_argument(
+        "--send", action="store_true", help="send them to the input stream (label goes into meta.synthetic_label)"
+    )
     p.set_defaults(_run=cmd_synth)
 
     p = sub.add_parser("results", help="print results from the results stream, one JSON object per line")
     p.add_argument("--count", type=int, help="how many (default: the last 20; with --follow: until interrupted)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new results as they arrive")
-    p.add_argument("--since", default="$", help="with --follow: start after this entry id ('0' = from the start; default: only new)")
+    p.add_argument(
+        "--since",
+        default="$",
+        help="with --follow: start after this entry id ('0' = from the start; default: only new)",
+    )
     p.set_defaults(_run=cmd_results)
 
     p = sub.add_parser("wait", help="wait for the results of ticket ids; exit 1 if some did not arrive in time")
     p.add_argument("ids", nargs="*", help="ticket ids (each takes the latest result of that id)")
-    p.add_argument("--from-file", help="the --ids-out file of `send`: wait for the result of each of THOSE submissions "
-                   "(matched on stream_id, so a re-sent id never gets an earlier answer)")
+    p.add_argument(
+        "--from-file",
+        help="the --ids-out file of `send`: wait for the result of each of THOSE submissions "
+        "(matched on stream_id, so a re-sent id never gets an earlier answer)",
+    )
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.set_defaults(_run=cmd_wait)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import redis
 
@@ -34,10 +35,16 @@ class BacklogFull(RuntimeError):
 
     ``submitted`` lists what this call had already sent before the limit hit."""
 
-    def __init__(self, backlog: int, limit: int, policy: str, waited_s: float, submitted: list[Submitted] | None = None):
+    def __init__(
+        self, backlog: int, limit: int, policy: str, waited_s: float, submitted: list[Submitted] | None = None
+    ):
         self.backlog, self.limit, self.policy, self.waited_s = backlog, limit, policy, waited_s
         self.submitted = submitted or []
-        how = "refused at once (TRIAGE_BACKPRESSURE=refuse)" if policy == "refuse" else f"still full after waiting {waited_s:.1f}s"
+        how = (
+            "refused at once (TRIAGE_BACKPRESSURE=refuse)"
+            if policy == "refuse"
+            else f"still full after waiting {waited_s:.1f}s"
+        )
         super().__init__(
             f"input stream backlog is {backlog} tickets, limit {limit} (TRIAGE_INPUT_MAX_BACKLOG): {how}. "
             "Start more workers, wait, or raise the limit."
@@ -66,7 +73,9 @@ def _normalize(ticket: str | Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     tid = str(given) if given not in (None, "") else uuid.uuid4().hex
     subject = ticket.get("subject") or None
     meta = ticket.get("meta")
-    return tid, ticket_fields(ticket["text"], ticket_id=tid, subject=subject, meta=meta if meta not in ("", None) else None)
+    return tid, ticket_fields(
+        ticket["text"], ticket_id=tid, subject=subject, meta=meta if meta not in ("", None) else None
+    )
 
 
 class TriageClient:
@@ -225,7 +234,9 @@ class TriageClient:
         ticket_id = ticket.ticket_id if isinstance(ticket, Submitted) else ticket
         got = self.wait([ticket], timeout_s)
         if ticket_id not in got:
-            raise TimeoutError(f"no result for ticket {ticket_id!r} within {timeout_s}s (is a worker running on {self.settings.input_stream!r}?)")
+            raise TimeoutError(
+                f"no result for ticket {ticket_id!r} within {timeout_s}s (is a worker running on {self.settings.input_stream!r}?)"
+            )
         return got[ticket_id]
 
     def _stream_tails(self) -> dict[str, str]:
@@ -244,7 +255,9 @@ class TriageClient:
         rows = self.redis.xrevrange(self.settings.results_stream, count=count)
         return [Result.from_stream(sid, fields) for sid, fields in reversed(rows)]
 
-    def follow_results(self, since: str = "$", block_ms: int = 1000, stop: Callable[[], bool] | None = None) -> Iterator[Result]:
+    def follow_results(
+        self, since: str = "$", block_ms: int = 1000, stop: Callable[[], bool] | None = None
+    ) -> Iterator[Result]:
         """Results as the worker writes them, from ``since`` (``$``: only new ones; ``0``: from the start)."""
         cursor = since
         if cursor == "$":
@@ -299,7 +312,7 @@ class _SupersededScan:
 
     PAGE = 1000
 
-    def __init__(self, client: "TriageClient"):
+    def __init__(self, client: TriageClient):
         self.client = client
         self.wanted: dict[str, str] = {}  # input entry id -> ticket id
         self.cursors: dict[str, str] = {}

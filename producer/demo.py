@@ -43,7 +43,12 @@ class WorkerProcess:
         self.ready_at_s: float | None = None  # wall clock when "worker_ready" was read
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "run", "--drain"],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -189,8 +194,16 @@ def _cleanup(client: TriageClient, ns: str) -> int:
     return len(keys)
 
 
-def run_demo(*, n: int = 300, seed: int = 0, keep: bool = False, redis_url: str | None = None, namespace: str | None = None,
-             timeout_s: float = 900.0, json_out: str | None = None) -> int:
+def run_demo(
+    *,
+    n: int = 300,
+    seed: int = 0,
+    keep: bool = False,
+    redis_url: str | None = None,
+    namespace: str | None = None,
+    timeout_s: float = 900.0,
+    json_out: str | None = None,
+) -> int:
     from worker.logs import mask_url
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731 - progress chatter on stderr, summary on stdout
@@ -199,10 +212,16 @@ def run_demo(*, n: int = 300, seed: int = 0, keep: bool = False, redis_url: str 
     t0 = time.monotonic()
     try:
         with demo_redis(redis_url, base.redis_url, log=say) as url:
-            settings = base.model_copy(update=dict(
-                redis_url=url, input_stream=ns + "tickets", results_stream=ns + "results",
-                dead_letter_stream=ns + "dead", result_key_prefix=ns + "result:", input_max_backlog=0,
-            ))
+            settings = base.model_copy(
+                update=dict(
+                    redis_url=url,
+                    input_stream=ns + "tickets",
+                    results_stream=ns + "results",
+                    dead_letter_stream=ns + "dead",
+                    result_key_prefix=ns + "result:",
+                    input_max_backlog=0,
+                )
+            )
             client = TriageClient(settings)
             say(f"redis {mask_url(url)}, namespace {ns!r}")
             try:
@@ -217,7 +236,9 @@ def run_demo(*, n: int = 300, seed: int = 0, keep: bool = False, redis_url: str 
         return 1
 
 
-def _run(client: TriageClient, settings: ProducerSettings, ns: str, n: int, seed: int, timeout_s: float, json_out, t0, say) -> int:
+def _run(
+    client: TriageClient, settings: ProducerSettings, ns: str, n: int, seed: int, timeout_s: float, json_out, t0, say
+) -> int:
     from tqdm import tqdm
 
     synthetic = generate_tickets(n, seed=seed)

@@ -8,7 +8,7 @@ binary comes from PATH or from the ``embedded-redis`` extra (worker.redis_server
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from worker.redis_server import PrivateRedis, answers, redis_or_private, require_server_binary
 

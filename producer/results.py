@@ -7,8 +7,9 @@ turns them back into numbers, dicts and booleans once, in one place.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 def as_str(v: Any) -> str:
@@ -39,7 +40,9 @@ class Result:
         return self.status == "ok"
 
     @classmethod
-    def from_fields(cls, fields: Mapping[Any, Any], *, ticket_id: str | None = None, result_entry_id: str | None = None) -> "Result":
+    def from_fields(
+        cls, fields: Mapping[Any, Any], *, ticket_id: str | None = None, result_entry_id: str | None = None
+    ) -> Result:
         f = {as_str(k): as_str(v) for k, v in fields.items()}
         try:
             scores = {k: float(v) for k, v in json.loads(f.get("scores", "{}")).items()}
@@ -59,18 +62,22 @@ class Result:
         )
 
     @classmethod
-    def from_json(cls, raw: str, *, ticket_id: str) -> "Result":
+    def from_json(cls, raw: str, *, ticket_id: str) -> Result:
         """The per-ticket key's value: a JSON object of the record plus ``status``."""
         try:
             data = json.loads(raw)
         except ValueError:
             return cls(ticket_id=ticket_id, status="unreadable", reason=f"result key holds non-JSON: {raw[:80]!r}")
         if not isinstance(data, dict):
-            return cls(ticket_id=ticket_id, status="unreadable", reason=f"result key holds a JSON {type(data).__name__}")
-        return cls.from_fields({k: v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}, ticket_id=ticket_id)
+            return cls(
+                ticket_id=ticket_id, status="unreadable", reason=f"result key holds a JSON {type(data).__name__}"
+            )
+        return cls.from_fields(
+            {k: v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}, ticket_id=ticket_id
+        )
 
     @classmethod
-    def from_stream(cls, stream_id: Any, fields: Mapping[Any, Any]) -> "Result":
+    def from_stream(cls, stream_id: Any, fields: Mapping[Any, Any]) -> Result:
         return cls.from_fields(fields, result_entry_id=as_str(stream_id))
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,8 @@ Ticket contents are checked by the worker, which fails a bad job with the reason
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from redis import Redis
 from rq import Queue
@@ -63,4 +64,6 @@ def _payload(ticket: Ticket) -> dict[str, Any]:
 
 def _require_json(queue: Queue) -> None:
     if queue.serializer is not JSONSerializer:
-        raise ValueError("triage RQ jobs must be JSON: build the queue with triage_queue() or serializer=JSONSerializer")
+        raise ValueError(
+            "triage RQ jobs must be JSON: build the queue with triage_queue() or serializer=JSONSerializer"
+        )

@@ -32,7 +32,8 @@ class ProducerSettings(BaseSettings):
         description="Most tickets allowed to wait (not yet classified) in the input stream; 0 = no limit.",
     )
     backpressure: Literal["block", "refuse"] = Field(
-        "block", description="At the limit: 'block' waits for the worker to catch up, 'refuse' raises BacklogFull at once."
+        "block",
+        description="At the limit: 'block' waits for the worker to catch up, 'refuse' raises BacklogFull at once.",
     )
     backpressure_timeout_s: float = Field(60.0, gt=0, description="How long 'block' waits before raising BacklogFull.")
     submit_chunk_size: int = Field(500, ge=1, description="Tickets per pipelined round trip (and per backlog check).")

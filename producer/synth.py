@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from producer import synth_phrases as P
 
@@ -26,8 +26,16 @@ LABELS: tuple[str, ...] = tuple(P.LABEL_WEIGHTS)
 
 # (cumulative probability, words): the inverse CDF, interpolated in log space.
 LENGTH_KNOTS: tuple[tuple[float, int], ...] = (
-    (0.0, 3), (0.05, 7), (0.25, 13), (0.5, 23), (0.75, 46), (0.9, 89),
-    (0.95, 140), (0.99, 300), (0.999, 620), (1.0, 950),
+    (0.0, 3),
+    (0.05, 7),
+    (0.25, 13),
+    (0.5, 23),
+    (0.75, 46),
+    (0.9, 89),
+    (0.95, 140),
+    (0.99, 300),
+    (0.999, 620),
+    (1.0, 950),
 )
 _KNOT_P = [p for p, _ in LENGTH_KNOTS]
 _KNOT_LOGW = [math.log(w) for _, w in LENGTH_KNOTS]
@@ -49,7 +57,9 @@ _SLOT_VALUES: dict[str, Callable[[random.Random], object]] = {
     "name": lambda r: r.choice(P.FIRST_NAMES),
     "surname": lambda r: r.choice(P.SURNAMES),
     "company": lambda r: r.choice(P.COMPANIES),
-    "email": lambda r: f"{r.choice(P.FIRST_NAMES).lower()}.{r.choice(P.SURNAMES).lower()}{r.randint(1, 99)}@example.com",
+    "email": lambda r: (
+        f"{r.choice(P.FIRST_NAMES).lower()}.{r.choice(P.SURNAMES).lower()}{r.randint(1, 99)}@example.com"
+    ),
     "years": lambda r: r.randint(2, 12),
     "date": lambda r: r.choice(P.WHEN),
     "customer": lambda r: f"C{r.randint(100000, 999999)}",
@@ -202,8 +212,7 @@ def _email_thread(rng: random.Random, label: str) -> Iterator[str]:
     while True:
         yield "-----Original Message-----"
         yield _fill("From: Support Team <support@example.com>  Sent: {date}  Subject: Re: Ticket {ticket}", rng)
-        for line in rng.sample(P.AGENT_LINES, rng.randint(2, 4)):
-            yield line
+        yield from rng.sample(P.AGENT_LINES, rng.randint(2, 4))
         yield _fill("On {date}, {name} wrote:", rng)
         yield "> " + _fill(rng.choice(issues), rng)
         for _ in range(rng.randint(1, 4)):

@@ -17,13 +17,32 @@ LABEL_WEIGHTS: dict[str, float] = {
 }
 
 GREETINGS = [
-    "Hi,", "Hello,", "Hi there,", "Hello support team,", "Dear Support,", "Hey,", "Good morning,",
-    "Good afternoon,", "Hi team,", "To whom it may concern,", "Hello {name},", "Hi {name},",
+    "Hi,",
+    "Hello,",
+    "Hi there,",
+    "Hello support team,",
+    "Dear Support,",
+    "Hey,",
+    "Good morning,",
+    "Good afternoon,",
+    "Hi team,",
+    "To whom it may concern,",
+    "Hello {name},",
+    "Hi {name},",
 ]
 CLOSINGS = [
-    "Thanks.", "Thank you.", "Thanks in advance.", "Thanks for your help.", "Regards.", "Best regards.",
-    "Please advise.", "Looking forward to your reply.", "Cheers.", "Many thanks.",
-    "Please get back to me as soon as possible.", "Appreciate any help.",
+    "Thanks.",
+    "Thank you.",
+    "Thanks in advance.",
+    "Thanks for your help.",
+    "Regards.",
+    "Best regards.",
+    "Please advise.",
+    "Looking forward to your reply.",
+    "Cheers.",
+    "Many thanks.",
+    "Please get back to me as soon as possible.",
+    "Appreciate any help.",
 ]
 SIGNATURES = ["{name}", "{name} {surname}", "-- {name}", "Sent from my iPhone", "{name}, {company}"]
 
@@ -36,8 +55,20 @@ TAILS: dict[int, list[str]] = {
 }
 
 # 1-3 word fillers to pad very short tickets up to their sampled length.
-FILLERS = ["thanks", "please", "help", "urgent", "asap", "hi", "pls help", "any update?",
-           "thank you", "order {order}", "need help", "still waiting"]
+FILLERS = [
+    "thanks",
+    "please",
+    "help",
+    "urgent",
+    "asap",
+    "hi",
+    "pls help",
+    "any update?",
+    "thank you",
+    "order {order}",
+    "need help",
+    "still waiting",
+]
 
 GENERIC_DETAILS = [
     "I have been a customer for {years} years and this has never happened before.",
@@ -63,9 +94,16 @@ GENERIC_DETAILS = [
 CATEGORIES: dict[str, dict[str, list[str]]] = {
     "billing": {
         "short": [
-            "charged twice", "refund please", "wrong invoice amount", "double charge on card",
-            "cancel my subscription", "where is my refund", "invoice {invoice} is wrong",
-            "need a VAT invoice", "payment failed again", "unexpected charge of {amount}",
+            "charged twice",
+            "refund please",
+            "wrong invoice amount",
+            "double charge on card",
+            "cancel my subscription",
+            "where is my refund",
+            "invoice {invoice} is wrong",
+            "need a VAT invoice",
+            "payment failed again",
+            "unexpected charge of {amount}",
             "please refund order {order}",
         ],
         "issue": [
@@ -99,20 +137,27 @@ CATEGORIES: dict[str, dict[str, list[str]]] = {
     },
     "technical": {
         "short": [
-            "app keeps crashing", "error {code} on login page", "sync not working",
-            "site is down", "cannot upload files", "export broken", "API returns 500",
-            "app freezes on startup", "notifications stopped working", "blank screen after update",
+            "app keeps crashing",
+            "error {code} on login page",
+            "sync not working",
+            "site is down",
+            "cannot upload files",
+            "export broken",
+            "API returns 500",
+            "app freezes on startup",
+            "notifications stopped working",
+            "blank screen after update",
         ],
         "issue": [
             "The app crashes every time I open the settings page on my {device}.",
-            "I get the error \"{error}\" when I try to upload a file.",
+            'I get the error "{error}" when I try to upload a file.',
             "Since the last update the {app} won't start at all.",
             "The export to CSV feature produces an empty file.",
             "Your API has been returning HTTP {code} for about an hour.",
             "Sync between my {device} and the {app} stopped working yesterday.",
             "The dashboard takes more than a minute to load and then times out.",
             "Push notifications are no longer delivered on my {device}.",
-            "I can't connect the integration, it says \"{error}\".",
+            'I can\'t connect the integration, it says "{error}".',
             "After installing version {version} the {app} shows a blank white screen.",
             "Search returns no results even for items I know exist.",
             "The webhook deliveries to our server are failing with {code}.",
@@ -134,9 +179,16 @@ CATEGORIES: dict[str, dict[str, list[str]]] = {
     },
     "account": {
         "short": [
-            "can't log in", "password reset not working", "account locked", "delete my account",
-            "change my email", "2FA code not arriving", "locked out", "login issue",
-            "someone accessed my account", "cannot sign up",
+            "can't log in",
+            "password reset not working",
+            "account locked",
+            "delete my account",
+            "change my email",
+            "2FA code not arriving",
+            "locked out",
+            "login issue",
+            "someone accessed my account",
+            "cannot sign up",
         ],
         "issue": [
             "I can't log in, the password reset email never arrives.",
@@ -161,15 +213,22 @@ CATEGORIES: dict[str, dict[str, list[str]]] = {
             "The login page just reloads without any error.",
             "I need access urgently for work.",
             "I can verify my identity with my last invoice number {invoice}.",
-            "It says \"invalid credentials\" even though the password is correct.",
+            'It says "invalid credentials" even though the password is correct.',
             "I would like to keep my data but close the account.",
         ],
     },
     "shipping": {
         "short": [
-            "where is my package", "order {order} not delivered", "wrong address",
-            "package damaged", "tracking not updating", "late delivery", "item missing from box",
-            "change shipping address", "parcel lost", "delivered to wrong house",
+            "where is my package",
+            "order {order} not delivered",
+            "wrong address",
+            "package damaged",
+            "tracking not updating",
+            "late delivery",
+            "item missing from box",
+            "change shipping address",
+            "parcel lost",
+            "delivered to wrong house",
         ],
         "issue": [
             "My package has shown 'in transit' for {days} days, where is it?",
@@ -200,9 +259,16 @@ CATEGORIES: dict[str, dict[str, list[str]]] = {
     },
     "other": {
         "short": [
-            "question about pricing", "partnership inquiry", "great product!", "feature request",
-            "do you have a student discount", "press inquiry", "just feedback", "hiring?",
-            "opening hours?", "suggestion",
+            "question about pricing",
+            "partnership inquiry",
+            "great product!",
+            "feature request",
+            "do you have a student discount",
+            "press inquiry",
+            "just feedback",
+            "hiring?",
+            "opening hours?",
+            "suggestion",
         ],
         "issue": [
             "Do you offer discounts for non-profit organisations?",
@@ -234,7 +300,13 @@ CATEGORIES: dict[str, dict[str, list[str]]] = {
 
 # Long-tail attachments: intro lines announcing pasted material.
 ATTACH_INTROS = {
-    "technical": ["Here are the logs:", "Log output below:", "Stack trace:", "Console output:", "Pasting the full error log:"],
+    "technical": [
+        "Here are the logs:",
+        "Log output below:",
+        "Stack trace:",
+        "Console output:",
+        "Pasting the full error log:",
+    ],
     "billing": ["My billing history:", "Here is the list of charges:", "Invoices so far:"],
     "account": ["Recent login activity from my security page:", "Here's what the activity log shows:"],
     "shipping": ["Tracking history:", "This is what the tracking page shows:"],
@@ -242,45 +314,105 @@ ATTACH_INTROS = {
 }
 
 ERRORS = [
-    "Connection timed out", "Internal Server Error", "Unable to verify SSL certificate",
-    "Unexpected token < in JSON at position 0", "Permission denied", "Session expired, please log in again",
-    "NullPointerException", "ECONNRESET", "Quota exceeded for this workspace", "File too large",
-    "Something went wrong. Please try again later", "Invalid API key", "Out of memory",
-    "database is locked", "Request failed with status code 502",
+    "Connection timed out",
+    "Internal Server Error",
+    "Unable to verify SSL certificate",
+    "Unexpected token < in JSON at position 0",
+    "Permission denied",
+    "Session expired, please log in again",
+    "NullPointerException",
+    "ECONNRESET",
+    "Quota exceeded for this workspace",
+    "File too large",
+    "Something went wrong. Please try again later",
+    "Invalid API key",
+    "Out of memory",
+    "database is locked",
+    "Request failed with status code 502",
 ]
 LOG_LEVELS = ["INFO", "WARN", "ERROR", "DEBUG", "ERROR", "WARN"]
 LOG_COMPONENTS = ["sync-worker", "http-client", "auth", "uploader", "db-pool", "scheduler", "ui-main", "cache"]
 LOG_MESSAGES = [
-    "request to /api/v2/{path} failed: {error}", "retrying in {n}s (attempt {attempt}/5)",
-    "connection pool exhausted, waiting for free slot", "response code={code} elapsed={n}ms",
-    "token refresh failed: {error}", "uploaded chunk {attempt} of {n}", "cache miss for key user:{customer}",
-    "GC pause {n}ms", "socket closed by remote host", "loaded {n} items from local store",
+    "request to /api/v2/{path} failed: {error}",
+    "retrying in {n}s (attempt {attempt}/5)",
+    "connection pool exhausted, waiting for free slot",
+    "response code={code} elapsed={n}ms",
+    "token refresh failed: {error}",
+    "uploaded chunk {attempt} of {n}",
+    "cache miss for key user:{customer}",
+    "GC pause {n}ms",
+    "socket closed by remote host",
+    "loaded {n} items from local store",
 ]
 STACK_FRAMES = [
-    "at com.acme.sync.Uploader.push(Uploader.java:{n})", "at com.acme.net.HttpClient.execute(HttpClient.java:{n})",
-    "at android.os.Handler.dispatchMessage(Handler.java:{n})", "File \"/app/services/{path}.py\", line {n}, in handle",
-    "at Object.fetchData (main.{hex}.js:{n}:{attempt})", "at async Promise.all (index {attempt})",
+    "at com.acme.sync.Uploader.push(Uploader.java:{n})",
+    "at com.acme.net.HttpClient.execute(HttpClient.java:{n})",
+    "at android.os.Handler.dispatchMessage(Handler.java:{n})",
+    'File "/app/services/{path}.py", line {n}, in handle',
+    "at Object.fetchData (main.{hex}.js:{n}:{attempt})",
+    "at async Promise.all (index {attempt})",
 ]
 TRACKING_EVENTS = [
-    "Departed facility", "Arrived at sort facility", "Out for delivery", "Delivery exception: address not found",
-    "In transit", "Held at customs", "Label created", "Delivery attempted, no one home", "Arrived at local depot",
+    "Departed facility",
+    "Arrived at sort facility",
+    "Out for delivery",
+    "Delivery exception: address not found",
+    "In transit",
+    "Held at customs",
+    "Label created",
+    "Delivery attempted, no one home",
+    "Arrived at local depot",
 ]
-LOGIN_EVENTS = ["login failed", "login succeeded", "password reset requested", "2FA challenge sent",
-                "new device added", "session revoked", "email changed"]
+LOGIN_EVENTS = [
+    "login failed",
+    "login succeeded",
+    "password reset requested",
+    "2FA challenge sent",
+    "new device added",
+    "session revoked",
+    "email changed",
+]
 AGENT_LINES = [
-    "Thank you for contacting us.", "I'm sorry to hear about the trouble.",
-    "Could you please send us a screenshot of the error?", "I have escalated this to our specialist team.",
-    "Please allow 3-5 business days for a response.", "Could you confirm the email address on the account?",
-    "We apologise for the inconvenience.", "Is there anything else I can help you with?",
+    "Thank you for contacting us.",
+    "I'm sorry to hear about the trouble.",
+    "Could you please send us a screenshot of the error?",
+    "I have escalated this to our specialist team.",
+    "Please allow 3-5 business days for a response.",
+    "Could you confirm the email address on the account?",
+    "We apologise for the inconvenience.",
+    "Is there anything else I can help you with?",
 ]
 
-FIRST_NAMES = ["Anna", "James", "Maria", "Tom", "Priya", "Luca", "Sofia", "Ahmed", "Chen", "Olga", "David", "Fatima", "Ken", "Emma"]
+FIRST_NAMES = [
+    "Anna",
+    "James",
+    "Maria",
+    "Tom",
+    "Priya",
+    "Luca",
+    "Sofia",
+    "Ahmed",
+    "Chen",
+    "Olga",
+    "David",
+    "Fatima",
+    "Ken",
+    "Emma",
+]
 SURNAMES = ["Smith", "Garcia", "Müller", "Rossi", "Khan", "Nguyen", "Kowalski", "Johnson", "Dubois", "Tanaka"]
 COMPANIES = ["Acme Ltd", "Brightside GmbH", "Nordic Foods", "Blue Fern Studio", "Kappa Logistics", "Helios Health"]
 PLANS = ["Pro plan", "Team plan", "Basic plan", "annual plan", "Premium subscription", "Business tier"]
 DEVICES = ["iPhone 13", "Pixel 7", "Samsung Galaxy S22", "Windows 11 laptop", "MacBook Air", "iPad", "Chromebook"]
 APPS = ["mobile app", "desktop client", "web dashboard", "browser extension", "Android app", "iOS app"]
-PRODUCTS = ["coffee grinder", "desk lamp", "pair of running shoes", "phone case", "blender", "winter jacket", "keyboard"]
+PRODUCTS = [
+    "coffee grinder",
+    "desk lamp",
+    "pair of running shoes",
+    "phone case",
+    "blender",
+    "winter jacket",
+    "keyboard",
+]
 CARRIERS = ["UPS", "DHL", "FedEx", "USPS", "Royal Mail", "DPD", "GLS"]
 CITIES = ["Berlin", "Austin", "Lyon", "Manchester", "Toronto", "Madrid", "Melbourne", "Warsaw"]
 COUNTRIES = ["Canada", "Norway", "Brazil", "Japan", "Switzerland", "Mexico", "Australia"]

@@ -39,7 +39,9 @@ def main() -> int:
     default_threads = torch.get_num_threads()
     settings = Settings(model=args.model, dtype=args.dtype, device="cpu", torch_threads=0)
     clf = build_classifier(settings)
-    rows = [json.loads(line) for line in (REPO / "tests/data/long_tail_tickets.jsonl").read_text().splitlines()[: args.n]]
+    rows = [
+        json.loads(line) for line in (REPO / "tests/data/long_tail_tickets.jsonl").read_text().splitlines()[: args.n]
+    ]
     items = clf.prepare_valid([r["text"] for r in rows])
     clf.classify(items[:4])  # warm-up
     counts = [int(x) for x in args.threads.split(",")]
@@ -51,8 +53,13 @@ def main() -> int:
             clf.classify(items)
             times[c].append(time.perf_counter() - t0)
     out = {
-        "model": args.model, "dtype": clf.dtype_name, "n": len(items), "reps": args.reps, "cpus": os.cpu_count(),
-        "torch_default_threads": default_threads, "load_avg_1m": round(os.getloadavg()[0], 2),
+        "model": args.model,
+        "dtype": clf.dtype_name,
+        "n": len(items),
+        "reps": args.reps,
+        "cpus": os.cpu_count(),
+        "torch_default_threads": default_threads,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "items_per_s": {str(c): round(len(items) / statistics.median(ts), 2) for c, ts in times.items()},
         "wall_s": {str(c): [round(t, 2) for t in ts] for c, ts in times.items()},
     }

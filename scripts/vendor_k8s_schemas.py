@@ -1,4 +1,4 @@
-"""Write tests/data/k8s-schemas.json: the JSON schemas tests/test_deploy.py validates deploy/k8s against.
+"""Write tests/data/k8s-schemas.json: the JSON schemas tests/unit/test_deploy.py validates deploy/k8s against.
 
 Why vendored: the tests run offline. Kept small: only the definitions reachable from the kinds
 deploy/k8s uses, descriptions stripped. Sources (both Apache-2.0, tests/data/k8s-schemas.LICENSE):
@@ -24,8 +24,10 @@ K8S_ROOTS = {
     "v1/ConfigMap": "io.k8s.api.core.v1.ConfigMap",
     "v1/Secret": "io.k8s.api.core.v1.Secret",
 }
-KEDA_CRDS = {"keda.sh/v1alpha1/ScaledObject": "keda.sh_scaledobjects.yaml",
-             "keda.sh/v1alpha1/TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
+KEDA_CRDS = {
+    "keda.sh/v1alpha1/ScaledObject": "keda.sh_scaledobjects.yaml",
+    "keda.sh/v1alpha1/TriggerAuthentication": "keda.sh_triggerauthentications.yaml",
+}
 DROP = {"description", "x-kubernetes-group-version-kind"}
 
 
@@ -41,8 +43,11 @@ def strict(node):
     """Objects that list their properties reject others (a misspelt field is an error, not pruned)."""
     if isinstance(node, dict):
         node = {k: strict(v) for k, v in node.items()}
-        if ("properties" in node and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
             node["additionalProperties"] = False
         return node
     if isinstance(node, list):
@@ -77,7 +82,7 @@ def main(definitions: str, keda_crds: str, k8s_version: str, keda_version: str) 
         out[kind] = strict(strip(version["schema"]["openAPIV3Schema"]))
     doc = {
         "$comment": f"Kubernetes {k8s_version} (local-strict, from kubernetes-validate) and KEDA {keda_version} CRDs; "
-                    "Apache-2.0; written by scripts/vendor_k8s_schemas.py",
+        "Apache-2.0; written by scripts/vendor_k8s_schemas.py",
         "kinds": {**K8S_ROOTS, **{k: k for k in KEDA_CRDS}},
         "$defs": out,
     }

@@ -9,4 +9,3 @@ if os.environ.get("TRIAGE_TEST_PROBE_FILE"):
 
 def anything(*args, **kwargs):
     """A callback that must never be called."""
-

@@ -28,7 +28,7 @@ class TcpProxy:
         self.connections = 0
 
     # ---------------------------------------------------------------- control
-    def start(self) -> "TcpProxy":
+    def start(self) -> TcpProxy:
         self._listen()
         return self
 
@@ -116,7 +116,7 @@ class TcpProxy:
         _close(src)
         _close(dst)
 
-    def __enter__(self) -> "TcpProxy":
+    def __enter__(self) -> TcpProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -43,7 +43,10 @@ def build_tokenizer(chat: bool = True) -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None if chat else "<|endoftext|>"
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None if chat else "<|endoftext|>",
     )
     if chat:
         fast.chat_template = CHAT_TEMPLATE
@@ -92,8 +95,14 @@ def build_bert_tokenizer():
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
-    return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                             sep_token="[SEP]", mask_token="[MASK]")
+    return BertTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 def build_tiny_bert(path: Path, seed: int = 0, layers: int = 2, hidden: int = 48) -> Path:

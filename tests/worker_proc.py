@@ -33,8 +33,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 READY_EVENT = "worker_ready"
@@ -52,7 +52,7 @@ class WorkerProc:
         self._threads: list[threading.Thread] = []
 
     # --------------------------------------------------------------- process
-    def start(self) -> "WorkerProc":
+    def start(self) -> WorkerProc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker", *self.args],
             cwd=REPO,
@@ -121,8 +121,14 @@ class WorkerProc:
                     if pred(rec):
                         return rec
                 seen = len(self.logs)
-                if self.proc is not None and self.proc.poll() is not None and not any(t.is_alive() for t in self._threads):
-                    raise AssertionError(f"worker exited ({self.proc.returncode}) before {match!r}:\n{self.stderr_tail()}")
+                if (
+                    self.proc is not None
+                    and self.proc.poll() is not None
+                    and not any(t.is_alive() for t in self._threads)
+                ):
+                    raise AssertionError(
+                        f"worker exited ({self.proc.returncode}) before {match!r}:\n{self.stderr_tail()}"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(f"no {match!r} log line within {timeout_s}s:\n{self.stderr_tail()}")
@@ -159,7 +165,7 @@ class WorkerProc:
             self._cond.notify_all()
 
     # --------------------------------------------------------------- context
-    def __enter__(self) -> "WorkerProc":
+    def __enter__(self) -> WorkerProc:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -254,5 +260,7 @@ def wait_settled(client, env: dict[str, str], stream_ids, timeout_s: float = 60.
         if want <= got.keys():
             return {i: got[i][0] for i in want}
         if time.monotonic() > deadline:
-            raise AssertionError(f"{len(want - got.keys())} of {len(want)} entries got no result or dead letter within {timeout_s}s")
+            raise AssertionError(
+                f"{len(want - got.keys())} of {len(want)} entries got no result or dead letter within {timeout_s}s"
+            )
         time.sleep(0.1)

@@ -166,8 +166,15 @@ def task_from_settings(settings: Settings) -> Task:
 def prompt_scoring(settings: Settings) -> Settings:
     """These settings with label-token scoring, no calibration, no threshold, truncation on (eval and fit
     measure / fit on the raw scores and hidden states)."""
-    return settings.model_copy(update={"scorer": "prompt", "head_path": None, "calibration": "none",
-                                       "confidence_threshold": 0.0, "truncate": True})
+    return settings.model_copy(
+        update={
+            "scorer": "prompt",
+            "head_path": None,
+            "calibration": "none",
+            "confidence_threshold": 0.0,
+            "truncate": True,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- scorer
@@ -201,8 +208,10 @@ def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
     if settings.scorer == "head" and head_path is None:
         raise ScoringConfigError("TRIAGE_SCORER=head needs TRIAGE_HEAD_PATH (a head fitted by `triage-worker fit`)")
     if settings.scorer == "prompt" and clf.needs_head:
-        raise ScoringConfigError(f"TRIAGE_SCORER=prompt needs a causal LM's label tokens; {clf.model_name} has none "
-                                 "(use TRIAGE_SCORER=auto or head, with a head fitted by `triage-worker fit`)")
+        raise ScoringConfigError(
+            f"TRIAGE_SCORER=prompt needs a causal LM's label tokens; {clf.model_name} has none "
+            "(use TRIAGE_SCORER=auto or head, with a head fitted by `triage-worker fit`)"
+        )
     if settings.scorer in ("head", "auto") and head_path is not None:
         return load_head_scorer(clf, head_path)
     if settings.scorer == "auto":
@@ -212,15 +221,21 @@ def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
             return scorer
         missing = sorted(set(clf.labels) - {e.label for e in clf.task.examples})
         if missing and clf.needs_head:
-            raise ScoringConfigError(f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) "
-                                     "or give "
-                                     f"the task an example for every label (none for {missing})")
+            raise ScoringConfigError(
+                f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) "
+                "or give "
+                f"the task an example for every label (none for {missing})"
+            )
         if missing:
             log.info("scorer: prompt (no task examples for %s; a head needs one per label)", missing)
             return None
         head = fit_head_on_task_examples(clf)
-        log.info("scorer: %s/%s head fitted on the task's %d examples (TRIAGE_SCORER=prompt for label-token scoring)",
-                 head.method, head.pooling, len(clf.task.examples))
+        log.info(
+            "scorer: %s/%s head fitted on the task's %d examples (TRIAGE_SCORER=prompt for label-token scoring)",
+            head.method,
+            head.pooling,
+            len(clf.task.examples),
+        )
         return HeadScorer(head, device=clf.device, source="task examples")
     if head_path is not None:
         log.warning("TRIAGE_HEAD_PATH is set but TRIAGE_SCORER=prompt: the head is not used")
@@ -236,8 +251,13 @@ def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
     except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for corrupt files
         raise ScoringConfigError(f"cannot load scorer head {path}: {e}") from e
     head.check(clf)  # HeadMismatch (a ValueError) says what differs
-    log.info("scorer head loaded: %s (%s, %s pooling, %s training tickets)",
-             path, head.method, head.pooling, head.meta.get("n_train"))
+    log.info(
+        "scorer head loaded: %s (%s, %s pooling, %s training tickets)",
+        path,
+        head.method,
+        head.pooling,
+        head.meta.get("n_train"),
+    )
     return HeadScorer(head.reordered(clf.labels), device=clf.device, source=str(path))
 
 
@@ -251,8 +271,14 @@ def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
     except HeadMismatch as e:
         log.info("shipped default head not used: %s", e)
         return None
-    log.info("scorer: shipped default head %s (%s/%s on %s's states, fitted on %s labelled support tickets)",
-             path.name, head.method, head.pooling, clf.model_name, head.meta.get("n_train"))
+    log.info(
+        "scorer: shipped default head %s (%s/%s on %s's states, fitted on %s labelled support tickets)",
+        path.name,
+        head.method,
+        head.pooling,
+        clf.model_name,
+        head.meta.get("n_train"),
+    )
     return HeadScorer(head.reordered(clf.labels), device=clf.device, source=f"shipped:{path.name}")
 
 
@@ -263,11 +289,17 @@ def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, poolin
 
     examples = clf.task.examples
     feats = run_features(clf, clf.prepare_valid([e.text for e in examples]), score=False, progress=False)
-    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
-            "source": "task examples", "head_prompt": clf.head_prompt}
+    meta = {
+        "model": clf.model_name,
+        "prompt_hash": prompt_hash(clf),
+        "dtype": clf.dtype_name,
+        "source": "task examples",
+        "head_prompt": clf.head_prompt,
+    }
     labels = [e.label for e in examples]
-    return fit_head(feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta,
-                    blocks=clf.feature_blocks)
+    return fit_head(
+        feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta, blocks=clf.feature_blocks
+    )
 
 
 def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None):

@@ -20,7 +20,9 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="triage-worker", description="Classify support tickets from Redis in length-bucketed batches.")
+    parser = argparse.ArgumentParser(
+        prog="triage-worker", description="Classify support tickets from Redis in length-bucketed batches."
+    )
     parser.add_argument("--version", action="version", version=version_line("triage-worker"))
     sub = parser.add_subparsers(dest="command", required=True)
     for path in COMMANDS:

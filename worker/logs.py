@@ -19,6 +19,7 @@ import structlog.tracebacks
 
 from worker.redact import mask_secrets, mask_url, register_env_secrets  # noqa: F401  (mask_url: re-exported)
 
+
 def _mask_credentials(_logger: Any, _name: str, event_dict: dict) -> dict:
     for k, v in event_dict.items():
         if isinstance(v, str):
@@ -66,7 +67,9 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
     if _want_json(fmt, stream):
         renderer: Any = structlog.processors.JSONRenderer()
         # No locals in tracebacks: they could hold settings with credentials.
-        final = [structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))]
+        final = [
+            structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
+        ]
     else:
         # Plain tracebacks, never rich's "show locals" (it printed a URL password three times).
         renderer = structlog.dev.ConsoleRenderer(

@@ -12,8 +12,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from worker.redact import mask_secrets
 
@@ -30,7 +31,12 @@ RENAMED_ENV = {
     "TRIAGE_MAX_BATCH_TOKENS": "TRIAGE_PASS_MAX_TOKENS",
     "TRIAGE_BATCH_OVERHEAD_TOKENS": "TRIAGE_PASS_OVERHEAD_TOKENS",
 }
-NEW_NAMES_ENV = {"TRIAGE_WINDOW_MAX_ITEMS", "TRIAGE_PASS_MAX_ITEMS", "TRIAGE_PASS_MAX_TOKENS", "TRIAGE_PASS_OVERHEAD_TOKENS"}
+NEW_NAMES_ENV = {
+    "TRIAGE_WINDOW_MAX_ITEMS",
+    "TRIAGE_PASS_MAX_ITEMS",
+    "TRIAGE_PASS_MAX_TOKENS",
+    "TRIAGE_PASS_OVERHEAD_TOKENS",
+}
 # Families owned by the test suite and the chaos harness.
 ALLOWED_PREFIXES = ("TRIAGE_TEST_", "TRIAGE_CHAOS_")
 _DB_PATH = re.compile(r"^/?(\d+)?/?$")
@@ -72,7 +78,13 @@ def known_env_names() -> set[str]:
     from producer.settings import ProducerSettings
     from worker.settings import Settings
 
-    return set(env_names(Settings)) | set(env_names(ProducerSettings)) | set(OTHER_KNOWN_ENV) | set(RENAMED_ENV) | NEW_NAMES_ENV
+    return (
+        set(env_names(Settings))
+        | set(env_names(ProducerSettings))
+        | set(OTHER_KNOWN_ENV)
+        | set(RENAMED_ENV)
+        | NEW_NAMES_ENV
+    )
 
 
 def unknown_env(environ: Mapping[str, str] | None = None, known: Iterable[str] | None = None) -> list[Problem]:
@@ -95,8 +107,10 @@ def settings_problems(exc, settings_cls, environ: Mapping[str, str] | None = Non
     env = os.environ if environ is None else environ
     names = env_names(settings_cls)
     prefix = settings_cls.model_config.get("env_prefix", "")
-    by_field = {name: [a.upper() for a in (_alias_names(f.validation_alias) or _alias_names(f.alias) or [prefix + name])]
-                for name, f in settings_cls.model_fields.items()}
+    by_field = {
+        name: [a.upper() for a in (_alias_names(f.validation_alias) or _alias_names(f.alias) or [prefix + name])]
+        for name, f in settings_cls.model_fields.items()
+    }
     problems, seen = [], set()
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ())]
@@ -130,20 +144,24 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
             if not _DB_PATH.match(parts.path or ""):
                 raise ValueError(f"the path must be a database number like /0, not {parts.path!r}")
     except ValueError as e:
-        return Problem(var, f"is not a usable Redis URL: {e} (got {mask_secrets(url)!r}; expected "
-                            "redis://host:port/db, rediss://host:port/db or unix:///path?db=0, a password as :PASSWORD@ "
-                            "before the host)")
+        return Problem(
+            var,
+            f"is not a usable Redis URL: {e} (got {mask_secrets(url)!r}; expected "
+            "redis://host:port/db, rediss://host:port/db or unix:///path?db=0, a password as :PASSWORD@ "
+            "before the host)",
+        )
     return None
 
 
 def redis_problem(url: str, timeout_s: float = 3.0, var: str = "TRIAGE_REDIS_URL") -> Problem | None:
     """PING within ``timeout_s``: unreachable, refused, wrong password -> one sentence."""
     import redis
-
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
     try:
         client.ping()
     except redis.AuthenticationError as e:
@@ -164,12 +182,19 @@ def stream_key_problems(url: str, settings) -> list[Problem]:
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
     out = []
     try:
-        for var, key in (("TRIAGE_INPUT_STREAM", settings.input_stream), ("TRIAGE_RESULTS_STREAM", settings.results_stream),
-                         ("TRIAGE_DEAD_LETTER_STREAM", settings.dead_letter_stream)):
+        for var, key in (
+            ("TRIAGE_INPUT_STREAM", settings.input_stream),
+            ("TRIAGE_RESULTS_STREAM", settings.results_stream),
+            ("TRIAGE_DEAD_LETTER_STREAM", settings.dead_letter_stream),
+        ):
             kind = client.type(key)
             kind = kind.decode() if isinstance(kind, bytes) else kind
             if kind not in ("none", "stream"):
-                out.append(Problem(var, f"the key {key!r} holds a Redis {kind}, not a stream; rename it or point {var} elsewhere"))
+                out.append(
+                    Problem(
+                        var, f"the key {key!r} holds a Redis {kind}, not a stream; rename it or point {var} elsewhere"
+                    )
+                )
     except redis.RedisError as e:
         out.append(Problem("TRIAGE_REDIS_URL", f"cannot read key types: {e}"))
     finally:

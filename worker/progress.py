@@ -15,8 +15,18 @@ from typing import TextIO
 
 
 class Progress:
-    def __init__(self, total: int, desc: str, *, unit: str = "ticket", enabled: bool = True, leave: bool = True,
-                 stream: TextIO | None = None, every_s: float = 30.0, every_frac: float = 0.1):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        *,
+        unit: str = "ticket",
+        enabled: bool = True,
+        leave: bool = True,
+        stream: TextIO | None = None,
+        every_s: float = 30.0,
+        every_frac: float = 0.1,
+    ):
         from worker import logs
 
         self.total, self.desc, self.unit, self.enabled = int(total), desc, unit, enabled
@@ -33,7 +43,7 @@ class Progress:
         self._t0 = self._last_t = time.monotonic()
         self._last_done = 0
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -61,8 +71,14 @@ class Progress:
         rate = self.done / elapsed if elapsed > 0 else None
         left = (self.total - self.done) / rate if rate else None
         self._log.info(
-            "progress", task=self.desc, done=self.done, total=self.total, unit=self.unit,
-            pct=round(100.0 * self.done / self.total, 1) if self.total else None, elapsed_s=round(elapsed, 1),
-            per_s=round(rate, 2) if rate else None, eta_s=round(left, 1) if left is not None else None,
+            "progress",
+            task=self.desc,
+            done=self.done,
+            total=self.total,
+            unit=self.unit,
+            pct=round(100.0 * self.done / self.total, 1) if self.total else None,
+            elapsed_s=round(elapsed, 1),
+            per_s=round(rate, 2) if rate else None,
+            eta_s=round(left, 1) if left is not None else None,
         )
         self._last_t, self._last_done = now, self.done

@@ -26,7 +26,9 @@ _SECRET_PAIR = re.compile(
     r"(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
     re.I,
 )
-SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "pass", "secret", "token", "access_token", "api_key", "apikey", "auth"})
+SECRET_QUERY_KEYS = frozenset(
+    {"password", "passwd", "pwd", "pass", "secret", "token", "access_token", "api_key", "apikey", "auth"}
+)
 
 _known: set[str] = set()
 
@@ -61,8 +63,14 @@ def register_secret(value: str | None) -> None:
     """Mask ``value`` wherever it appears in output from now on (also percent-encoded or JSON-escaped)."""
     if not value or len(value) < _MIN_SECRET_CHARS:
         return
-    forms = {value, quote(value, safe=""), quote(value), json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
-             repr(value)[1:-1]}
+    forms = {
+        value,
+        quote(value, safe=""),
+        quote(value),
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+    }
     _known.update(f for f in forms if len(f) >= _MIN_SECRET_CHARS)
 
 

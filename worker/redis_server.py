@@ -24,9 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 PATH_NAMES = ("redis-server", "valkey-server")
 # (import name, binary inside the package): the first installed one wins
@@ -154,7 +154,7 @@ class PrivateRedis:
         ]
         return "\n".join(lines) + "\n"
 
-    def start(self, timeout_s: float = 20.0) -> "PrivateRedis":
+    def start(self, timeout_s: float = 20.0) -> PrivateRedis:
         self.binary = self.binary or require_server_binary()
         if self.directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="triage-redis-")
@@ -166,7 +166,9 @@ class PrivateRedis:
         conf.write_text(self.config(), encoding="utf-8")
         self.proc = subprocess.Popen(
             [self.binary.path, str(conf)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.monotonic() + timeout_s
@@ -174,8 +176,9 @@ class PrivateRedis:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 code = self.proc.poll()
                 self.stop()
-                raise RuntimeError(f"{self.binary.describe()} did not start on port {self.port} "
-                                   f"(exit code {code}): {self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.binary.describe()} did not start on port {self.port} (exit code {code}): {self.log_tail()}"
+                )
             time.sleep(0.05)
         return self
 
@@ -204,7 +207,7 @@ class PrivateRedis:
             return "(no log)"
         return " | ".join(log.read_text(errors="replace").strip().splitlines()[-n:])
 
-    def __enter__(self) -> "PrivateRedis":
+    def __enter__(self) -> PrivateRedis:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -235,8 +238,10 @@ def redis_or_private(url: str, log: Callable[[str], None] = print, purpose: str 
     if binary is None:
         raise RedisServerNotFound(f"no Redis answers at {_mask(url)} and there is no redis-server: {INSTALL_HINT}")
     with PrivateRedis(binary=binary) as server:
-        log(f"no Redis at {_mask(url)}; started a private redis-server for {purpose}: "
-            f"{binary.describe()} at {server.url}")
+        log(
+            f"no Redis at {_mask(url)}; started a private redis-server for {purpose}: "
+            f"{binary.describe()} at {server.url}"
+        )
         yield server.url
 
 

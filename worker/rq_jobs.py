@@ -6,7 +6,8 @@ still records this path. Heavy imports (torch, the engine) wait for the first jo
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, job_result, latency_ms, rq_stream_id, ticket_text
 

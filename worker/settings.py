@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -60,7 +61,9 @@ class Settings(BaseSettings):
         "encoder, read from its config.",
     )
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto = CUDA, then MPS, then CPU.")
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field("auto", description="auto = fp16 on GPU; on CPU bf16 if measured faster than fp32, else fp32.")
+    dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field(
+        "auto", description="auto = fp16 on GPU; on CPU bf16 if measured faster than fp32, else fp32."
+    )
     torch_threads: int | Literal["auto"] = Field(
         "auto",
         description="Intra-op CPU threads: auto = 1 on hosts with <= 4 usable CPUs (measured 4-6x faster than torch's "
@@ -69,26 +72,36 @@ class Settings(BaseSettings):
     )
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where converted GGUF weights are cached.")
     labels: str | None = Field(None, description="Comma-separated label names (overrides the default set).")
-    task_file: Path | None = Field(None, description="YAML/JSON task: labels with descriptions, examples, instructions.")
+    task_file: Path | None = Field(
+        None, description="YAML/JSON task: labels with descriptions, examples, instructions."
+    )
     max_input_tokens: int = Field(512, ge=1, description="Ticket tokens beyond this are truncated (flagged).")
     truncate: bool = Field(True, description="Truncate long tickets (True) or reject them (False).")
     prefix_cache: bool = Field(True, description="Reuse the shared prompt prefix's KV cache across batches.")
     # A window is one drain of the input stream; a pass is one forward call over a length bucket of it.
     window_max_items: int = Field(
-        256, ge=1, validation_alias=_env("WINDOW_MAX_ITEMS", "MAX_BATCH_ITEMS"),
+        256,
+        ge=1,
+        validation_alias=_env("WINDOW_MAX_ITEMS", "MAX_BATCH_ITEMS"),
         description="Tickets drained from the stream per window at most (split into passes by length).",
     )
     pass_max_items: int = Field(
-        64, ge=1, validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"),
-        description="Tickets per forward pass at most (CUDA default 2048 when unset)."
+        64,
+        ge=1,
+        validation_alias=_env("PASS_MAX_ITEMS", "MAX_BATCH_ITEMS"),
+        description="Tickets per forward pass at most (CUDA default 2048 when unset).",
     )
     pass_max_tokens: int = Field(
-        8192, ge=1, validation_alias=_env("PASS_MAX_TOKENS", "MAX_BATCH_TOKENS"),
+        8192,
+        ge=1,
+        validation_alias=_env("PASS_MAX_TOKENS", "MAX_BATCH_TOKENS"),
         description="Token budget per forward pass: padded (items x longest) for padded passes, real tokens for "
         "packed ones. CUDA default 32768 when unset.",
     )
     pass_overhead_tokens: int = Field(
-        32, ge=0, validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
+        32,
+        ge=0,
+        validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
         description="Fixed cost of one forward call in token-equivalents; trades padding against more calls "
         "(padded passes; CUDA default 2048 when unset).",
     )
@@ -118,15 +131,23 @@ class Settings(BaseSettings):
         "a head scores the LM's states and the encoder's embedding together.",
     )
     calibration: Literal["none", "contextual"] = Field("none", description="Prior correction of label scores.")
-    confidence_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Below this top probability the label becomes fallback_label.")
-    fallback_label: str = Field("needs_review", description="Label written when the top probability is below confidence_threshold.")
+    confidence_threshold: float = Field(
+        0.0, ge=0.0, le=1.0, description="Below this top probability the label becomes fallback_label."
+    )
+    fallback_label: str = Field(
+        "needs_review", description="Label written when the top probability is below confidence_threshold."
+    )
 
     # --- redis wiring -----------------------------------------------------
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS); user:password@ supported, masked in logs.")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS); user:password@ supported, masked in logs."
+    )
     input_stream: str = Field("triage:tickets", description="Stream tickets are read from.")
     results_stream: str = Field("triage:results", description="Stream results are appended to.")
     dead_letter_stream: str = Field("triage:dead", description="Stream rejected entries go to, with a reason.")
-    result_key_prefix: str = Field("triage:result:", description="Latest result per ticket id is stored at prefix + id (JSON).")
+    result_key_prefix: str = Field(
+        "triage:result:", description="Latest result per ticket id is stored at prefix + id (JSON)."
+    )
     result_ttl_s: int = Field(86_400, ge=1, description="Expiry of the per-ticket result keys.")
     group: str = Field("triage", description="Consumer group; more workers in the same group share the stream.")
     consumer: str = Field(default_factory=_default_consumer, description="Consumer name, unique per process.")
@@ -136,18 +157,25 @@ class Settings(BaseSettings):
     max_text_bytes: int = Field(65_536, ge=1, description="Hard cap on a ticket's raw text size.")
     results_maxlen: int = Field(1_000_000, ge=1, description="Approximate MAXLEN of the results stream.")
     dead_letter_maxlen: int = Field(100_000, ge=1, description="Approximate MAXLEN of the dead-letter stream.")
-    heartbeat_key_prefix: str = Field("triage:heartbeat:", description="Heartbeat key = prefix + consumer (for healthcheck).")
+    heartbeat_key_prefix: str = Field(
+        "triage:heartbeat:", description="Heartbeat key = prefix + consumer (for healthcheck)."
+    )
     heartbeat_ttl_s: int = Field(30, ge=1, description="Heartbeat expiry; refreshed every third of it.")
     reconnect_max_s: float = Field(10.0, gt=0, description="Cap of the reconnect backoff after Redis errors.")
 
     # --- metrics (worker/observability/prometheus.py) ----------------------
     metrics_port: int = Field(
-        0, ge=0, le=65535, description="Serve Prometheus metrics on this port at /metrics (0 = off; 9108 is the documented choice)."
+        0,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics on this port at /metrics (0 = off; 9108 is the documented choice).",
     )
     metrics_host: str = Field("0.0.0.0", description="Address the metrics server binds (127.0.0.1 = this host only).")
 
     # --- logs -------------------------------------------------------------
-    log_format: Literal["auto", "json", "console"] = Field("auto", description="auto = console on a terminal, JSON otherwise.")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto = console on a terminal, JSON otherwise."
+    )
     log_level: str = Field("INFO", description="Log level for triage and libraries.")
     log_summary_s: float = Field(30.0, gt=0, description="Period of the summary log line.")
 
@@ -173,8 +201,10 @@ class Settings(BaseSettings):
     # --- stream worker (worker/stream) ------------------------------------
     prefetch: bool = Field(True, description="Read + tokenize the next window while the model runs the current one.")
     dead_letter_excerpt_bytes: int = Field(
-        4096, ge=256, description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
-        "and SHA-256), not the whole payload."
+        4096,
+        ge=256,
+        description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
+        "and SHA-256), not the whole payload.",
     )
     drain_redis_timeout_s: float = Field(
         30.0,

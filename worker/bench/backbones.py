@@ -10,7 +10,7 @@ file, ...), so the figures are what a worker on that backbone would do.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:

@@ -20,39 +20,79 @@ SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="triage-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="triage-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     w = p.add_argument_group("workload")
     w.add_argument("--n", type=int, help=f"tickets (default {DEFAULT_N}; --quick {QUICK_N})")
     w.add_argument("--seed", type=int, default=0, help="synthetic generator seed / sample seed for --input (default 0)")
-    w.add_argument("--input", metavar="FILE", help="JSON Lines with 'text', or CSV with a 'text' column (a seeded sample of --n rows)")
-    w.add_argument("--prompt", choices=("few-shot", "zero-shot", "both"), default="few-shot",
-                   help="few-shot = the configured task with its examples (default); zero-shot = the same without examples")
+    w.add_argument(
+        "--input",
+        metavar="FILE",
+        help="JSON Lines with 'text', or CSV with a 'text' column (a seeded sample of --n rows)",
+    )
+    w.add_argument(
+        "--prompt",
+        choices=("few-shot", "zero-shot", "both"),
+        default="few-shot",
+        help="few-shot = the configured task with its examples (default); zero-shot = the same without examples",
+    )
     m = p.add_argument_group("model and batching (defaults: the TRIAGE_* settings)")
     m.add_argument("--model", help="TRIAGE_MODEL: HF id, directory, .gguf or bundled:smollm2")
     m.add_argument("--model-label", help="name shown in the table/plot instead of --model (e.g. for a temp directory)")
     m.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     m.add_argument("--dtype", choices=("auto", "fp16", "bf16", "fp32"))
-    m.add_argument("--threads", type=int, help="torch intra-op threads (TRIAGE_TORCH_THREADS; default: the worker's "
-                   "'auto' rule, 1 on hosts with <= 4 CPUs; 0 = torch's default; see docs/benchmark.md)")
-    m.add_argument("--pass-max-items", "--max-batch-items", dest="pass_max_items", type=int,
-                   help="modes 4-6: items per pass at most (TRIAGE_PASS_MAX_ITEMS)")
-    m.add_argument("--pass-max-tokens", "--max-batch-tokens", dest="pass_max_tokens", type=int,
-                   help="modes 4-6: padded tokens per pass at most (TRIAGE_PASS_MAX_TOKENS)")
-    m.add_argument("--attention", choices=("auto", "padded", "packed"),
-                   help="TRIAGE_ATTENTION for mode 5 and 6 (auto: packed on CUDA, padded on CPU); "
-                        "modes 1-4 always run padded")
-    m.add_argument("--fixed-batch", type=int,
-                   help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})")
+    m.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (TRIAGE_TORCH_THREADS; default: the worker's "
+        "'auto' rule, 1 on hosts with <= 4 CPUs; 0 = torch's default; see docs/benchmark.md)",
+    )
+    m.add_argument(
+        "--pass-max-items",
+        "--max-batch-items",
+        dest="pass_max_items",
+        type=int,
+        help="modes 4-6: items per pass at most (TRIAGE_PASS_MAX_ITEMS)",
+    )
+    m.add_argument(
+        "--pass-max-tokens",
+        "--max-batch-tokens",
+        dest="pass_max_tokens",
+        type=int,
+        help="modes 4-6: padded tokens per pass at most (TRIAGE_PASS_MAX_TOKENS)",
+    )
+    m.add_argument(
+        "--attention",
+        choices=("auto", "padded", "packed"),
+        help="TRIAGE_ATTENTION for mode 5 and 6 (auto: packed on CUDA, padded on CPU); modes 1-4 always run padded",
+    )
+    m.add_argument(
+        "--fixed-batch",
+        type=int,
+        help=f"modes 2-3: items per arrival-order batch (default {DEFAULT_FIXED_BATCH}; --quick {QUICK_FIXED_BATCH})",
+    )
     r = p.add_argument_group("what to run")
     r.add_argument("--modes", default="1,2,3,4,5", help="comma list of modes 1-5 (default all; ratios need 1)")
-    r.add_argument("--no-interleave", action="store_true",
-                   help="run modes one after another, each through classify_passes as the worker does "
-                        "(default on CUDA; "
-                        "on CPU the default interleaves them pass by pass)")
-    r.add_argument("--sequential-n", type=int, metavar="N",
-                   help="mode 1 on the first N tickets only (a large workload; ratios are per-ticket rates)")
-    r.add_argument("--baseline-n", type=int, metavar="N",
-                   help="modes 2-4 on the first N tickets only (mode 5 always runs all of them)")
+    r.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="run modes one after another, each through classify_passes as the worker does "
+        "(default on CUDA; "
+        "on CPU the default interleaves them pass by pass)",
+    )
+    r.add_argument(
+        "--sequential-n",
+        type=int,
+        metavar="N",
+        help="mode 1 on the first N tickets only (a large workload; ratios are per-ticket rates)",
+    )
+    r.add_argument(
+        "--baseline-n",
+        type=int,
+        metavar="N",
+        help="modes 2-4 on the first N tickets only (mode 5 always runs all of them)",
+    )
     r.add_argument("--quick", action="store_true", help=f"{QUICK_N} tickets: a smoke run, well under a minute")
     r.add_argument("--sweep", action="store_true", help="also run mode 5 over a pass_max_items x pass_max_tokens grid")
     r.add_argument("--sweep-items", default=SWEEP_ITEMS, help="grid for --sweep (default %(default)s)")
@@ -63,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also compare backbones on the same tickets, each with the worker's scorer for it: comma list of "
         "MODEL or LM+ENCODER, e.g. bundled:smollm2,bundled:minilm,bundled:smollm2+bundled:minilm",
     )
-    r.add_argument("--redis", action="store_true", help="mode 6: the same tickets through Redis + `python -m worker run --drain`")
+    r.add_argument(
+        "--redis", action="store_true", help="mode 6: the same tickets through Redis + `python -m worker run --drain`"
+    )
     r.add_argument("--redis-url", help="TRIAGE_REDIS_URL for --redis")
     r.add_argument("--gemm-tokens", type=int, help="M of the GEMM microbenchmark (default 512 on CPU, 8192 on GPU)")
     o = p.add_argument_group("output")
@@ -87,19 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.fixed_batch is None:
         args.fixed_batch = QUICK_FIXED_BATCH if args.quick else DEFAULT_FIXED_BATCH
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if n < 1 or args.fixed_batch < 1 or (args.threads is not None and args.threads < 0) or any(
-        x is not None and x < 1 for x in (args.sequential_n, args.baseline_n)
+    if (
+        n < 1
+        or args.fixed_batch < 1
+        or (args.threads is not None and args.threads < 0)
+        or any(x is not None and x < 1 for x in (args.sequential_n, args.baseline_n))
     ):
-        print("triage-bench: --n, --fixed-batch, --sequential-n and --baseline-n must be >= 1, --threads >= 0",
-              file=sys.stderr)
+        print(
+            "triage-bench: --n, --fixed-batch, --sequential-n and --baseline-n must be >= 1, --threads >= 0",
+            file=sys.stderr,
+        )
         return 2
     return run_benchmark(args, n, modes, sweep)
 
 
 def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: list[tuple[int, int]]) -> int:
     from pydantic import ValidationError
-
-    from worker.settings import Settings
 
     try:
         settings = bench_settings(args)
@@ -128,11 +173,13 @@ def bench_settings(args: argparse.Namespace):
     return settings if threads is None else settings.model_copy(update={"torch_threads": threads})
 
 
-def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: list[tuple[int, int]], default_threads: int) -> int:
+def _run(
+    args: argparse.Namespace, settings, n: int, modes: list[str], sweep: list[tuple[int, int]], default_threads: int
+) -> int:
+    from worker.assemble import task_from_settings
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
-    from worker.assemble import task_from_settings
     from worker.bench.modes import MODE_ORDER, MODES, run_modes, warm_up
 
     t_start = time.perf_counter()
@@ -140,7 +187,9 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
     clfs = build_classifiers(settings, wl.prompt_tasks(task_from_settings(settings), args.prompt))
     first = clfs[0][1]
     shape = ModelShape.from_model(first.model)
-    gemm = measure_gemm(shape, first.device, first.model.dtype, args.gemm_tokens or (8192 if first.device.type == "cuda" else 512))
+    gemm = measure_gemm(
+        shape, first.device, first.model.dtype, args.gemm_tokens or (8192 if first.device.type == "cuda" else 512)
+    )
     items = first.prepare_valid(list(wk.texts))  # the tokenizer is shared: one tokenization describes the workload
     doc = {
         "schema": report.SCHEMA,
@@ -148,20 +197,35 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         "argv": args.argv,
         "quick": args.quick,
         "hardware": {**hardware(first), "torch_default_threads": default_threads},
-        "model": {"name": settings.model, "label": args.model_label, "shape": shape.as_dict(), "labels": list(first.labels)},
-        "settings": {"pass_max_items": settings.pass_max_items, "pass_max_tokens": settings.pass_max_tokens,
-                     "pass_overhead_tokens": settings.pass_overhead_tokens,
-                     "window_max_items": settings.window_max_items,
-                     "fixed_batch_items": args.fixed_batch, "max_input_tokens": settings.max_input_tokens,
-                     "scorer": first.scorer.kind, "prefix_cache": settings.prefix_cache,
-                     "attention": first.attention, "attention_kernel": first.attention_kernel,
-                     "cuda_graphs": bool(first.options.cuda_graphs and first.device.type == "cuda"
-                                         and first.attention == "packed"),
-                     "engine_pass_max_items": first.options.pass_max_items,
-                     "engine_pass_max_tokens": first.options.pass_max_tokens,
-                     "sequential_n": args.sequential_n, "baseline_n": args.baseline_n},
+        "model": {
+            "name": settings.model,
+            "label": args.model_label,
+            "shape": shape.as_dict(),
+            "labels": list(first.labels),
+        },
+        "settings": {
+            "pass_max_items": settings.pass_max_items,
+            "pass_max_tokens": settings.pass_max_tokens,
+            "pass_overhead_tokens": settings.pass_overhead_tokens,
+            "window_max_items": settings.window_max_items,
+            "fixed_batch_items": args.fixed_batch,
+            "max_input_tokens": settings.max_input_tokens,
+            "scorer": first.scorer.kind,
+            "prefix_cache": settings.prefix_cache,
+            "attention": first.attention,
+            "attention_kernel": first.attention_kernel,
+            "cuda_graphs": bool(
+                first.options.cuda_graphs and first.device.type == "cuda" and first.attention == "packed"
+            ),
+            "engine_pass_max_items": first.options.pass_max_items,
+            "engine_pass_max_tokens": first.options.pass_max_tokens,
+            "sequential_n": args.sequential_n,
+            "baseline_n": args.baseline_n,
+        },
         "workload": {
-            "source": wk.source, "n": wk.n, "seed": args.seed,
+            "source": wk.source,
+            "n": wk.n,
+            "seed": args.seed,
             "words": wl.length_summary([len(t.split()) for t in wk.texts]),
             "text_tokens": wl.length_summary([p.n_text_tokens for p in items]),
             "truncated": sum(p.truncated for p in items),
@@ -177,24 +241,51 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
     for prompt, clf in clfs:
         items = clf.prepare_valid(list(wk.texts))
         warm_up(clf, items)
-        with _bar(args, len(items) * len(modes), f"{prompt}: modes {','.join(str(MODE_ORDER.index(k) + 1) for k in modes)}") as bar:
-            runs = run_modes(clf, items, [MODES[k] for k in modes], args.fixed_batch, interleave, bar.update,
-                             args.sequential_n, args.baseline_n)
+        with _bar(
+            args, len(items) * len(modes), f"{prompt}: modes {','.join(str(MODE_ORDER.index(k) + 1) for k in modes)}"
+        ) as bar:
+            runs = run_modes(
+                clf,
+                items,
+                [MODES[k] for k in modes],
+                args.fixed_batch,
+                interleave,
+                bar.update,
+                args.sequential_n,
+                args.baseline_n,
+            )
         for key in modes:
             done = sum(p is not None for p in runs[key].preds)
-            print(f"  {prompt} {runs[key].title}: {done} tickets, {runs[key].wall_s:.1f}s wall, "
-                  f"{runs[key].cpu_s:.1f}s CPU",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {prompt} {runs[key].title}: {done} tickets, {runs[key].wall_s:.1f}s wall, "
+                f"{runs[key].cpu_s:.1f}s CPU",
+                file=sys.stderr,
+                flush=True,
+            )
         base = runs.get("sequential")
-        first_runs = first_runs or {k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"}
+        first_runs = first_runs or {
+            k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"
+        }
         summaries = [report.summarize(runs[k], shape, clf.prefix_length, doc["gemm"], base, cpu_clock) for k in modes]
-        entry = {"prompt": prompt, "prefix_tokens": clf.prefix_length, "baseline": "sequential" if base else None,
-                 "modes": summaries, "suffix_tokens": [len(p.ids) for p in items], "buckets": None, "sweep": []}
+        entry = {
+            "prompt": prompt,
+            "prefix_tokens": clf.prefix_length,
+            "baseline": "sequential" if base else None,
+            "modes": summaries,
+            "suffix_tokens": [len(p.ids) for p in items],
+            "buckets": None,
+            "sweep": [],
+        }
         if "bucketed_cached" in runs:
-            entry["buckets"] = [{"items": b.size, "min_len": min(b.lengths), "max_len": b.max_len}
-                                for b in runs["bucketed_cached"].passes]
-        print(f"\n[{prompt}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, same {len(items)} tickets\n"
-              + report.table(summaries), flush=True)
+            entry["buckets"] = [
+                {"items": b.size, "min_len": min(b.lengths), "max_len": b.max_len}
+                for b in runs["bucketed_cached"].passes
+            ]
+        print(
+            f"\n[{prompt}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, same {len(items)} tickets\n"
+            + report.table(summaries),
+            flush=True,
+        )
         if sweep:
             entry["sweep"] = run_sweep(args, clf, items, sweep, shape, doc["gemm"], cpu_clock, interleave)
             print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
@@ -219,7 +310,10 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
         with redis_or_private(settings.redis_url, log=lambda m: print(m, flush=True), purpose="mode 6") as url:
             red_settings = settings.model_copy(update={"redis_url": url})
             doc["redis"] = red = run_redis(red_settings, wk.texts, first.dtype_name, first_runs)
-        m5 = next((m for r in doc["runs"] if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"), None)
+        m5 = next(
+            (m for r in doc["runs"] if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"),
+            None,
+        )
         if m5 and red.get("items_per_s"):
             red["vs_mode5"] = red["items_per_s"] / m5["items_per_s"]
         print(report.redis_line(red), flush=True)
@@ -235,7 +329,9 @@ def _run(args: argparse.Namespace, settings, n: int, modes: list[str], sweep: li
             plot(doc, args.plot)
             print(f"plot: {args.plot}")
         except ImportError as e:  # matplotlib is optional (the GPU box may lack it)
-            print(f"plot skipped ({e}); re-plot later: python -m worker.bench.plot {args.json or 'BENCH.json'} {args.plot}")
+            print(
+                f"plot skipped ({e}); re-plot later: python -m worker.bench.plot {args.json or 'BENCH.json'} {args.plot}"
+            )
     print(f"total {doc['total_s']:.0f}s (model load, GEMM, all modes)")
     return 0
 
@@ -244,7 +340,6 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool, interl
     """Mode 5 at each (pass_max_items, pass_max_tokens), planned as the worker plans: where throughput saturates."""
     from worker.bench import report
     from worker.bench.modes import MODES, execute, start
-
     from worker.engine import bucketing
 
     spec = MODES["bucketed_cached"]
@@ -261,10 +356,20 @@ def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool, interl
     rows = []
     for (max_items, max_tokens), run in zip(grid, runs):
         s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
-        rows.append({"pass_max_items": max_items, "pass_max_tokens": max_tokens, "passes": s["passes"],
-                     "wall_s": s["wall_s"],
-                     "cpu_s": s["cpu_s"], "items_per_s": s["items_per_s"], "items_per_cpu_s": s["items_per_cpu_s"],
-                     "padding_pct": s["padding_pct"], "mfu": s["flops"]["mfu"], "mfu_cpu": s["flops"]["mfu_cpu"]})
+        rows.append(
+            {
+                "pass_max_items": max_items,
+                "pass_max_tokens": max_tokens,
+                "passes": s["passes"],
+                "wall_s": s["wall_s"],
+                "cpu_s": s["cpu_s"],
+                "items_per_s": s["items_per_s"],
+                "items_per_cpu_s": s["items_per_cpu_s"],
+                "padding_pct": s["padding_pct"],
+                "mfu": s["flops"]["mfu"],
+                "mfu_cpu": s["flops"]["mfu_cpu"],
+            }
+        )
     return rows
 
 
@@ -273,8 +378,12 @@ def graph_stats(clf) -> dict | None:
     runner = getattr(clf, "_graphs", None)
     if runner is None:
         return None
-    return {"enabled": runner.enabled, "captures": runner.captures, "replays": runner.replays,
-            "shapes": len(runner.graphs)}
+    return {
+        "enabled": runner.enabled,
+        "captures": runner.captures,
+        "replays": runner.replays,
+        "shapes": len(runner.graphs),
+    }
 
 
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
@@ -288,7 +397,9 @@ def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
 def _bar(args, total: int, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc[:48], unit="tk", file=sys.stderr, leave=False, disable=True if args.no_progress else None)
+    return tqdm(
+        total=total, desc=desc[:48], unit="tk", file=sys.stderr, leave=False, disable=True if args.no_progress else None
+    )
 
 
 def _mode_keys(spec: str) -> list[str]:

@@ -20,8 +20,8 @@ padding and re-computed prefixes included (padded positions counted causally).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelShape:
     non_embedding_params: int
 
     @classmethod
-    def from_model(cls, model) -> "ModelShape":
+    def from_model(cls, model) -> ModelShape:
         cfg = model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -79,8 +79,9 @@ def work_flops(shape: ModelShape, prefix_len: int, suffix_lengths: Iterable[int]
     return sum(row_flops(shape, n, past=prefix_len) for n in suffix_lengths)
 
 
-def computed_flops(shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None,
-                   packed: bool = False) -> float:
+def computed_flops(
+    shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None, packed: bool = False
+) -> float:
     """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``); packed: each row its own
     length.
 
@@ -107,8 +108,14 @@ class GemmResult:
     flops_per_cpu_s: float  # the same per process CPU second (all threads): what MFU (CPU time) divides by
 
     def as_dict(self) -> dict:
-        return {"device": self.device, "dtype": self.dtype, "tokens": self.tokens, "shapes": list(self.shapes),
-                "flops_per_s": self.flops_per_s, "flops_per_cpu_s": self.flops_per_cpu_s}
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "tokens": self.tokens,
+            "shapes": list(self.shapes),
+            "flops_per_s": self.flops_per_s,
+            "flops_per_cpu_s": self.flops_per_cpu_s,
+        }
 
 
 def measure_gemm(shape: ModelShape, device, dtype, tokens: int, reps: int = 5, min_rep_s: float = 0.02) -> GemmResult:
@@ -131,7 +138,7 @@ def measure_gemm(shape: ModelShape, device, dtype, tokens: int, reps: int = 5, m
             w = (torch.randn(n, k, generator=gen) / k**0.5).to(dev, dtype)
             F.linear(x, w)  # warm-up (allocations, kernel selection)
             sync()
-            inner = _calls_per_rep(lambda: F.linear(x, w), sync, min_rep_s)
+            inner = _calls_per_rep(lambda x=x, w=w: F.linear(x, w), sync, min_rep_s)
             best = best_cpu = float("inf")
             for _ in range(reps):
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -141,7 +148,17 @@ def measure_gemm(shape: ModelShape, device, dtype, tokens: int, reps: int = 5, m
                 best = min(best, (time.perf_counter() - t0) / inner)
                 best_cpu = min(best_cpu, (time.process_time() - c0) / inner)
             flops = 2.0 * tokens * k * n
-            rows.append({"name": name, "m": tokens, "k": k, "n": n, "seconds": best, "cpu_seconds": best_cpu, "flops_per_s": flops / best})
+            rows.append(
+                {
+                    "name": name,
+                    "m": tokens,
+                    "k": k,
+                    "n": n,
+                    "seconds": best,
+                    "cpu_seconds": best_cpu,
+                    "flops_per_s": flops / best,
+                }
+            )
             total_flops += flops
             total_s += best
             total_cpu += best_cpu

@@ -14,8 +14,8 @@ result exists, as for a backlog that arrived all at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from worker.engine import bucketing
 
@@ -69,8 +69,14 @@ class ModeRun:
     pass_clocks: list[dict] = field(default_factory=list)  # per pass: items, tokens, wall_ms, host_ms, gpu_ms
 
 
-def plan(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, sequential_n: int | None = None,
-         baseline_n: int | None = None) -> tuple[list[bucketing.Pass], int | None]:
+def plan(
+    clf,
+    items: Sequence,
+    spec: ModeSpec,
+    fixed_batch: int,
+    sequential_n: int | None = None,
+    baseline_n: int | None = None,
+) -> tuple[list[bucketing.Pass], int | None]:
     """The passes (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode.
 
     Mode 5 is planned exactly as the worker plans (``clf.plan``: packed or padded, the classifier's
@@ -115,7 +121,11 @@ def run_modes(
 
 
 def execute(
-    clf, items: Sequence, runs: Sequence[ModeRun], interleave: bool = True, on_batch: Callable[[int], None] = lambda n: None
+    clf,
+    items: Sequence,
+    runs: Sequence[ModeRun],
+    interleave: bool = True,
+    on_batch: Callable[[int], None] = lambda n: None,
 ) -> None:
     """Run the planned batches of every run (see ``run_modes`` for the interleaving rule)."""
     if not interleave:
@@ -134,14 +144,23 @@ def execute(
         on_batch(b.size)
 
 
-def run_mode(clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: Callable[[int], None] = lambda n: None) -> ModeRun:
+def run_mode(
+    clf, items: Sequence, spec: ModeSpec, fixed_batch: int, on_batch: Callable[[int], None] = lambda n: None
+) -> ModeRun:
     return run_modes(clf, items, [spec], fixed_batch, on_batch=on_batch)[spec.key]
 
 
 def start(clf, items: Sequence, spec: ModeSpec, passes: list[bucketing.Pass], pad_to: int | None) -> ModeRun:
     """A run of ``spec`` over ``items`` with its passes planned, nothing executed yet."""
-    run = ModeRun(spec.key, title(spec, clf), spec.cached, pad_to, passes, preds=[None] * len(items),
-                  attention=spec.attention or clf.attention)
+    run = ModeRun(
+        spec.key,
+        title(spec, clf),
+        spec.cached,
+        pad_to,
+        passes,
+        preds=[None] * len(items),
+        attention=spec.attention or clf.attention,
+    )
     ran = sorted(i for b in passes for i in b.indices)
     if len(ran) < len(items):
         run.subsample = len(ran)
@@ -163,8 +182,15 @@ def _record(run: ModeRun, b: bucketing.Pass, preds, stats, wall_s: float, cpu_s:
         run.item_batch_s[i] = wall_s
     run.real_tokens += stats.real_tokens
     run.computed_tokens += stats.padded_tokens
-    run.pass_clocks.append({"items": b.size, "tokens": stats.padded_tokens, "wall_ms": wall_s * 1000,
-                            "host_ms": stats.host_ms, "gpu_ms": stats.gpu_ms or None})  # RunStats says 0.0 off CUDA
+    run.pass_clocks.append(
+        {
+            "items": b.size,
+            "tokens": stats.padded_tokens,
+            "wall_ms": wall_s * 1000,
+            "host_ms": stats.host_ms,
+            "gpu_ms": stats.gpu_ms or None,
+        }
+    )  # RunStats says 0.0 off CUDA
 
 
 def _step(clf, items: Sequence, run: ModeRun, b: bucketing.Pass) -> None:
@@ -199,7 +225,9 @@ def warm_up(clf, items: Sequence) -> None:
 
 
 # ------------------------------------------------------------------ mode 6
-def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeout_s: float = 900.0, namespace: str | None = None) -> dict:
+def run_redis(
+    settings, texts: Sequence[str], dtype_name: str, refs: dict, timeout_s: float = 900.0, namespace: str | None = None
+) -> dict:
     """Mode 6: enqueue the tickets, run ``python -m worker run --drain`` as a subprocess, read the results.
 
     Keys live under ``namespace`` (default: a fresh ``triage-bench:<hex>:``) and
@@ -241,7 +269,9 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
         out["results"] = len(results)
         out["dead_lettered"] = client.xlen(ns + "dead")
         if proc.returncode != 0 or len(results) != len(texts):
-            out["error"] = f"worker exited {proc.returncode} with {len(results)}/{len(texts)} results: " + proc.stderr[-800:]
+            out["error"] = (
+                f"worker exited {proc.returncode} with {len(results)}/{len(texts)} results: " + proc.stderr[-800:]
+            )
             return out
         ready_ms = _event_ms(events, "worker_ready")
         if ready_ms is None:
@@ -258,7 +288,9 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
             tokenize_s=sum(b.get("tokenize_ms") or 0 for b in batches) / 1000.0,
             write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
             read_s=sum(b.get("read_ms") or 0 for b in batches) / 1000.0,
-            queue_overhead_pct=100.0 * (wall_s - sum(b.get("infer_ms") or 0 for b in batches) / 1000.0) / wall_s if wall_s > 0 else None,
+            queue_overhead_pct=100.0 * (wall_s - sum(b.get("infer_ms") or 0 for b in batches) / 1000.0) / wall_s
+            if wall_s > 0
+            else None,
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
         )
@@ -269,8 +301,11 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
             pairs = [(a, s, p) for a, s, p in zip(labels, scores, ref.preds) if p is not None]  # subsampled mode 1
             same = sum(a == p.label for a, _, p in pairs)
             dp = max((abs(s[k] - p.scores[k]) for _, s, p in pairs for k in p.scores), default=None)
-            out["agreement"][name] = {"label_agreement": same / len(pairs) if pairs else None, "max_abs_dprob": dp,
-                                      "tickets": len(pairs)}
+            out["agreement"][name] = {
+                "label_agreement": same / len(pairs) if pairs else None,
+                "max_abs_dprob": dp,
+                "tickets": len(pairs),
+            }
         return out
     finally:
         keys = list(client.scan_iter(match=ns + "*", count=1000))
@@ -280,11 +315,20 @@ def run_redis(settings, texts: Sequence[str], dtype_name: str, refs: dict, timeo
 
 def redis_namespace(settings, ns: str, dtype_name: str):
     """``settings`` with the bench's keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
-    return settings.model_copy(update={
-        "input_stream": ns + "tickets", "results_stream": ns + "results", "dead_letter_stream": ns + "dead",
-        "result_key_prefix": ns + "result:", "heartbeat_key_prefix": ns + "heartbeat:", "group": "bench",
-        "consumer": "bench-worker", "dtype": dtype_name, "log_format": "json", "log_level": "INFO",
-    })
+    return settings.model_copy(
+        update={
+            "input_stream": ns + "tickets",
+            "results_stream": ns + "results",
+            "dead_letter_stream": ns + "dead",
+            "result_key_prefix": ns + "result:",
+            "heartbeat_key_prefix": ns + "heartbeat:",
+            "group": "bench",
+            "consumer": "bench-worker",
+            "dtype": dtype_name,
+            "log_format": "json",
+            "log_level": "INFO",
+        }
+    )
 
 
 def redis_worker_env(settings, ns: str, dtype_name: str) -> dict[str, str]:

@@ -30,8 +30,10 @@ def plot(doc: dict, out: str | Path) -> Path:
     threads = f"{hw['torch_threads']} torch thread" + ("s" if hw["torch_threads"] != 1 else "")
     dev = hw.get("device_name") or f"{hw['cpu_model']} CPU, {hw['cpu_cores']} cores, {threads}"
     model = doc["model"].get("label") or doc["model"]["name"]
-    fig.suptitle(f"triage-bench: {model}, {hw['dtype']}, on {dev}  |  the same {wk['n']} tickets in every mode ({wk['source']})",
-                 fontsize=12)
+    fig.suptitle(
+        f"triage-bench: {model}, {hw['dtype']}, on {dev}  |  the same {wk['n']} tickets in every mode ({wk['source']})",
+        fontsize=12,
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -66,7 +68,12 @@ def _mfu(ax, runs, doc) -> None:
 def _short(title: str) -> str:
     """'5 length buckets + prefix cache' -> '5 buckets+cache' style labels that fit under a bar."""
     return {
-        "1": "1 sequential", "2": "2 pad global", "3": "3 arrival", "4": "4 buckets", "5": "5 buckets\n+cache", "6": "6 redis\nworker",
+        "1": "1 sequential",
+        "2": "2 pad global",
+        "3": "3 arrival",
+        "4": "4 buckets",
+        "5": "5 buckets\n+cache",
+        "6": "6 redis\nworker",
     }.get(title.split()[0], title)
 
 
@@ -89,7 +96,10 @@ def _throughput(ax, runs, redis) -> None:
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("tickets / s")
     cpu = runs[0]["modes"][0].get("speedup_vs_sequential_cpu") is not None
-    ax.set_title("Throughput (wall clock); labels: x vs mode 1" + ("\n(in brackets: x vs mode 1 in CPU time)" if cpu else ""), fontsize=10)
+    ax.set_title(
+        "Throughput (wall clock); labels: x vs mode 1" + ("\n(in brackets: x vs mode 1 in CPU time)" if cpu else ""),
+        fontsize=10,
+    )
     ax.margins(y=0.15)
     ax.legend(fontsize=8)
 
@@ -131,12 +141,16 @@ def _histogram(ax, run, doc) -> None:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     edges = sorted({b["max_len"] for b in run.get("buckets") or []})
     for i, e in enumerate(edges):
-        ax.axvline(e, color=COLORS["padding"], lw=0.8, alpha=0.7, label="bucket edge (mode 5 batch max)" if i == 0 else None)
+        ax.axvline(
+            e, color=COLORS["padding"], lw=0.8, alpha=0.7, label="bucket edge (mode 5 batch max)" if i == 0 else None
+        )
     ax.set_xlabel("ticket tokens (text + answer cue), log scale")
     ax.set_ylabel("tickets")
     t = doc["workload"]["text_tokens"]
-    ax.set_title(f"Ticket lengths ({run['prompt']} prefix {run['prefix_tokens']} tok not shown): text p50 {t['p50']}, "
-                 f"p99 {t['p99']}, max {t['max']} tok; {doc['workload']['truncated']} truncated")
+    ax.set_title(
+        f"Ticket lengths ({run['prompt']} prefix {run['prefix_tokens']} tok not shown): text p50 {t['p50']}, "
+        f"p99 {t['p99']}, max {t['max']} tok; {doc['workload']['truncated']} truncated"
+    )
     if edges:
         ax.legend(fontsize=8)
 

@@ -7,8 +7,8 @@ shared machine mostly cancels.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from worker.bench.gemm import ModelShape, computed_flops, work_flops
 from worker.engine.types import padding_pct, percentile
@@ -45,9 +45,14 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
     agree, dprob = agreement(run.preds, None if base is None else base.preds)
     wall, cpu = run.wall_s, (run.cpu_s if cpu_clock else None)
     peak, peak_cpu = (gemm or {}).get("flops_per_s"), (gemm or {}).get("flops_per_cpu_s") if cpu_clock else None
-    t = {"computed": run.computed_tokens, "real": run.real_tokens, "work": run.work_tokens,
-         "padding": run.computed_tokens - run.real_tokens, "prefix_recomputed": run.prefix_tokens_recomputed,
-         "text": sum(run.preds[i].n_tokens for i in ran)}
+    t = {
+        "computed": run.computed_tokens,
+        "real": run.real_tokens,
+        "work": run.work_tokens,
+        "padding": run.computed_tokens - run.real_tokens,
+        "prefix_recomputed": run.prefix_tokens_recomputed,
+        "text": sum(run.preds[i].n_tokens for i in ran),
+    }
     return {
         "key": run.key,
         "title": run.title,
@@ -99,8 +104,13 @@ def clocks(run) -> dict:
     gpu = [c["gpu_ms"] for c in run.pass_clocks if c.get("gpu_ms") is not None]
     host = sum(c["host_ms"] for c in run.pass_clocks)
     gpu_s = sum(gpu) / 1000.0 if gpu else None
-    return {"wall_s": run.wall_s, "host_s": host / 1000.0, "gpu_s": gpu_s,
-            "gpu_busy_pct": _div(100.0 * gpu_s, run.wall_s) if gpu_s is not None else None, "passes": run.pass_clocks}
+    return {
+        "wall_s": run.wall_s,
+        "host_s": host / 1000.0,
+        "gpu_s": gpu_s,
+        "gpu_busy_pct": _div(100.0 * gpu_s, run.wall_s) if gpu_s is not None else None,
+        "passes": run.pass_clocks,
+    }
 
 
 def _rate(run, clock: str) -> float | None:
@@ -207,8 +217,12 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
             f"the model's 7 linear shapes, best of 5)"
         )
     if hw.get("load_avg_1m") is not None:
-        lines.append(f"load     : 1-min load average {hw['load_avg_1m']} at start (other processes share this machine: "
-                     "compare the CPU-time columns)" if hw["device"] == "cpu" else f"load     : {hw['load_avg_1m']}")
+        lines.append(
+            f"load     : 1-min load average {hw['load_avg_1m']} at start (other processes share this machine: "
+            "compare the CPU-time columns)"
+            if hw["device"] == "cpu"
+            else f"load     : {hw['load_avg_1m']}"
+        )
     return "\n".join(lines)
 
 
@@ -229,8 +243,10 @@ def redis_line(red: dict) -> str:
     """Mode 6 in a few lines: throughput through the queue, and where its time went."""
     if red.get("error"):
         return f"6 through Redis: FAILED: {red['error']}"
-    agree = ", ".join(f"{_f(_pct(a['label_agreement']), 1)}% labels as {k} (max|dp| {a['max_abs_dprob']:.4f})"
-                      for k, a in red.get("agreement", {}).items())
+    agree = ", ".join(
+        f"{_f(_pct(a['label_agreement']), 1)}% labels as {k} (max|dp| {a['max_abs_dprob']:.4f})"
+        for k, a in red.get("agreement", {}).items()
+    )
     return (
         f"6 through Redis + worker: {red['items']} tickets, {_f(red['items_per_s'], 2)} items/s "
         f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) over {red['wall_s']:.1f}s from worker_ready to the "

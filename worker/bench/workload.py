@@ -32,7 +32,9 @@ def synthetic(n: int, seed: int = 0) -> Workload:
     from producer.synth import generate_tickets
 
     tickets = generate_tickets(n, seed=seed)
-    return Workload(f"synthetic(seed={seed})", tuple(t["text"] for t in tickets), tuple(t.get("label") for t in tickets))
+    return Workload(
+        f"synthetic(seed={seed})", tuple(t["text"] for t in tickets), tuple(t.get("label") for t in tickets)
+    )
 
 
 def from_file(path: str | Path, n: int | None, seed: int = 0) -> Workload:
@@ -49,7 +51,7 @@ def from_file(path: str | Path, n: int | None, seed: int = 0) -> Workload:
     if n is not None and n < len(rows):
         keep = sorted(random.Random(seed).sample(range(len(rows)), n))
         rows = [rows[i] for i in keep]
-    label = lambda r: (str(r["label"]) if r.get("label") not in (None, "") else None)  # noqa: E731
+    label = lambda r: str(r["label"]) if r.get("label") not in (None, "") else None  # noqa: E731
     return Workload(str(path), tuple(str(r["text"]) for r in rows), tuple(label(r) for r in rows))
 
 
@@ -75,4 +77,12 @@ def length_summary(lengths: list[int]) -> dict[str, float]:
     def pct(q: float) -> int:
         return percentile(s, q, nearest=True)
 
-    return {"n": len(s), "p50": pct(50), "p90": pct(90), "p99": pct(99), "max": s[-1], "mean": round(sum(s) / len(s), 1), "sum": sum(s)}
+    return {
+        "n": len(s),
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "max": s[-1],
+        "mean": round(sum(s) / len(s), 1),
+        "sum": sum(s),
+    }

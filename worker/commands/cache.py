@@ -48,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
         going = clean_cache(settings.cache_dir, everything=args.all)
     for e in going:
         print(f"{'would remove' if args.dry_run else 'removed'} {_mb(e.size_bytes):>9}  {e.status:<7} {e.path}")
-    print(f"{'would free' if args.dry_run else 'freed'} {_mb(sum(e.size_bytes for e in going))} "
-          f"({len(going)} of {len(entries)} conversion(s)) under {root}", file=sys.stderr)
+    print(
+        f"{'would free' if args.dry_run else 'freed'} {_mb(sum(e.size_bytes for e in going))} "
+        f"({len(going)} of {len(entries)} conversion(s)) under {root}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -16,7 +16,9 @@ HELP = "validate settings, task file, Redis and the model's location (exit 0 ok,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", action="store_true", help="also load the model and classify one ticket (seconds to minutes)")
+    p.add_argument(
+        "--model", action="store_true", help="also load the model and classify one ticket (seconds to minutes)"
+    )
     p.add_argument("--no-redis", action="store_true", help="do not contact Redis (check its URL only)")
 
 
@@ -79,5 +81,7 @@ def _load_model(settings, problems: list) -> str:
     except Exception as e:  # noqa: BLE001 - any load failure is the answer to "does the model work"
         problems.append(preflight.Problem("TRIAGE_MODEL", f"failed to load or run: {type(e).__name__}: {e}"))
         return ""
-    return (f"model: {clf.model_name} loaded on {clf.device} ({clf.dtype_name}) in {time.perf_counter() - t0:.1f} s; "
-            f"a test ticket got {pred.label!r}")
+    return (
+        f"model: {clf.model_name} loaded on {clf.device} ({clf.dtype_name}) in {time.perf_counter() - t0:.1f} s; "
+        f"a test ticket got {pred.label!r}"
+    )

@@ -26,24 +26,42 @@ def _csv(s: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="labelled JSONL/CSV (text, label), or clinc150-domains:test, banking77:test, ...")
+    p.add_argument(
+        "--input", required=True, help="labelled JSONL/CSV (text, label), or clinc150-domains:test, banking77:test, ..."
+    )
     p.add_argument("--split", default=None, help="only rows of --input whose 'split' field equals this")
     p.add_argument("--train", default=None, help="labelled training file or named set (few-shot examples and the head)")
     p.add_argument("--train-split", default=None, help="only rows of --train whose 'split' field equals this")
-    p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to both files' labels")
+    p.add_argument(
+        "--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to both files' labels"
+    )
     p.add_argument("--limit", type=int, default=None, help="score a seeded random sample of N test tickets")
-    p.add_argument("--train-per-label", type=int, default=None, help="use a seeded sample of N training tickets per label")
-    p.add_argument("--variants", type=_csv, default=["zero-shot", "descriptions", "few-shot", "task", "head"],
-                   help="comma list of zero-shot,descriptions,few-shot,task,head (default: all)")
+    p.add_argument(
+        "--train-per-label", type=int, default=None, help="use a seeded sample of N training tickets per label"
+    )
+    p.add_argument(
+        "--variants",
+        type=_csv,
+        default=["zero-shot", "descriptions", "few-shot", "task", "head"],
+        help="comma list of zero-shot,descriptions,few-shot,task,head (default: all)",
+    )
     p.add_argument("--k", type=int, default=2, help="few-shot examples per label (default 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--calibration", type=_csv, default=["none", "contextual", "prior"], help="comma list of none,contextual,prior")
+    p.add_argument(
+        "--calibration", type=_csv, default=["none", "contextual", "prior"], help="comma list of none,contextual,prior"
+    )
     p.add_argument("--head-methods", type=_csv, default=["logreg", "centroid"])
     p.add_argument("--pooling", type=_csv, default=["mean", "last"])
-    p.add_argument("--head-shots", type=lambda v: [int(x) for x in _csv(v)], default=[],
-                   help="learning curve: also fit heads on N training tickets per label, e.g. 1,2,4,8")
+    p.add_argument(
+        "--head-shots",
+        type=lambda v: [int(x) for x in _csv(v)],
+        default=[],
+        help="learning curve: also fit heads on N training tickets per label, e.g. 1,2,4,8",
+    )
     p.add_argument("--curve-repeats", type=int, default=3, help="seeded resamples per learning-curve point")
-    p.add_argument("--cache-dir", type=Path, default=None, help="cache forward-pass results here (.npz) for fast re-runs")
+    p.add_argument(
+        "--cache-dir", type=Path, default=None, help="cache forward-pass results here (.npz) for fast re-runs"
+    )
     p.add_argument("--head", type=Path, default=None, help="also score this fitted head (default: TRIAGE_HEAD_PATH)")
     p.add_argument("--max-prompt-labels", type=int, default=30, help="above this many labels only the head is measured")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
@@ -68,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
         test = data.subsample(test_src.rows, args.limit, args.seed)
         train = train_src.rows if train_src else None
         if train and args.train_per_label:
-            train = [data.Labelled(e.text, e.label) for e in pick_examples(train, args.train_per_label, args.seed, max_chars=None)]
+            train = [
+                data.Labelled(e.text, e.label)
+                for e in pick_examples(train, args.train_per_label, args.seed, max_chars=None)
+            ]
         base, descriptions = _base_task(settings, test, train, test_src)
     except (data.DataError, ValueError, OSError) as e:
         print(f"eval: {e}", file=sys.stderr)
@@ -76,18 +97,31 @@ def run(args: argparse.Namespace) -> int:
     loaded = load(settings)
     encoder = load(settings, settings.encoder) if settings.encoder else None
     cfg = evaluation.EvalConfig(
-        variants=args.variants, k=args.k, seed=args.seed, calibrations=args.calibration, head_methods=args.head_methods,
-        poolings=args.pooling, max_prompt_labels=args.max_prompt_labels, progress=not args.no_progress,
-        head_shots=args.head_shots, curve_repeats=args.curve_repeats, cache_dir=args.cache_dir,
+        variants=args.variants,
+        k=args.k,
+        seed=args.seed,
+        calibrations=args.calibration,
+        head_methods=args.head_methods,
+        poolings=args.pooling,
+        max_prompt_labels=args.max_prompt_labels,
+        progress=not args.no_progress,
+        head_shots=args.head_shots,
+        curve_repeats=args.curve_repeats,
+        cache_dir=args.cache_dir,
         head_file=args.head or settings.head_path,
     )
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log, encoder=encoder)
     report = {
-        "model": settings.model, "encoder": settings.encoder, "device": str(loaded.model.device),
+        "model": settings.model,
+        "encoder": settings.encoder,
+        "device": str(loaded.model.device),
         "dtype": str(loaded.model.dtype).replace("torch.", ""),
-        "input": test_src.description, "train": train_src.description if train_src else None,
-        "limit": args.limit, "train_per_label": args.train_per_label, "wall_s": round(time.perf_counter() - t_start, 1),
+        "input": test_src.description,
+        "train": train_src.description if train_src else None,
+        "limit": args.limit,
+        "train_per_label": args.train_per_label,
+        "wall_s": round(time.perf_counter() - t_start, 1),
     } | report
     _print_table(report)
     if args.json_out:
@@ -105,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
             print("eval: --plot needs matplotlib (pip install 'triage[plot]'); results were written", file=sys.stderr)
             return 1
 
-        plot_confusions([(m["name"], report["labels"], m["confusion"]) for m in _plot_methods(report["methods"])], args.plot)
+        plot_confusions(
+            [(m["name"], report["labels"], m["confusion"]) for m in _plot_methods(report["methods"])], args.plot
+        )
     return 0
 
 
@@ -139,7 +175,10 @@ def _plot_methods(methods: list[dict]) -> list[dict]:
 
 def _print_table(report: dict) -> None:
     out = sys.stdout
-    print(f"model {report['model']} ({report['dtype']}, {report['device']})  test {report['n_test']}: {report['input']}", file=out)
+    print(
+        f"model {report['model']} ({report['dtype']}, {report['device']})  test {report['n_test']}: {report['input']}",
+        file=out,
+    )
     if report["train"]:
         print(f"train {report['n_train']}: {report['train']}", file=out)
     for s in report["skipped"]:
@@ -147,14 +186,21 @@ def _print_table(report: dict) -> None:
     print(f"{'method':40s} {'acc':>6s} {'macroF1':>7s} {'ECE':>6s}  coverage/acc at p>=0.5, 0.7", file=out)
     for m in report["methods"]:
         sel = {s["threshold"]: s for s in m["selective"]}
-        cov = "  ".join(f"{sel[t]['coverage']:.2f}/" + (f"{sel[t]['accuracy']:.2f}" if sel[t]["accuracy"] is not None else "-")
-                        for t in (0.5, 0.7))
+        cov = "  ".join(
+            f"{sel[t]['coverage']:.2f}/" + (f"{sel[t]['accuracy']:.2f}" if sel[t]["accuracy"] is not None else "-")
+            for t in (0.5, 0.7)
+        )
         print(f"{m['name']:40s} {m['accuracy']:6.3f} {m['macro_f1']:7.3f} {m['ece']:6.3f}  {cov}", file=out)
     for c in report["learning_curve"]:
-        print(f"  curve: {c['per_label']:3d}/label head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
-              f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} ECE {c['ece']:.3f} ({c['repeats']}x)", file=out)
-    print(f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   ({report['wall_s']} s)",
-          file=out)
+        print(
+            f"  curve: {c['per_label']:3d}/label head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
+            f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} ECE {c['ece']:.3f} ({c['repeats']}x)",
+            file=out,
+        )
+    print(
+        f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   ({report['wall_s']} s)",
+        file=out,
+    )
 
 
 def markdown_table(report: dict) -> str:
@@ -167,11 +213,21 @@ def markdown_table(report: dict) -> str:
     ]
     for m in report["methods"]:
         sel = {s["threshold"]: s for s in m["selective"]}
-        cells = [f"{sel[t]['coverage']:.0%} ({sel[t]['accuracy']:.2f})" if sel[t]["accuracy"] is not None else "0%" for t in (0.5, 0.7)]
+        cells = [
+            f"{sel[t]['coverage']:.0%} ({sel[t]['accuracy']:.2f})" if sel[t]["accuracy"] is not None else "0%"
+            for t in (0.5, 0.7)
+        ]
         name = m["name"] + (" **(worker default)**" if m["name"] == report.get("worker_default") else "")
-        lines.append(f"| {name} | {m['accuracy']:.3f} | {m['macro_f1']:.3f} | {m['ece']:.3f} | {cells[0]} | {cells[1]} |")
+        lines.append(
+            f"| {name} | {m['accuracy']:.3f} | {m['macro_f1']:.3f} | {m['ece']:.3f} | {cells[0]} | {cells[1]} |"
+        )
     if report["learning_curve"]:
-        lines += ["", "| head | " + " | ".join(f"{n}/label" for n in sorted({c['per_label'] for c in report['learning_curve']})) + " |"]
+        lines += [
+            "",
+            "| head | "
+            + " | ".join(f"{n}/label" for n in sorted({c["per_label"] for c in report["learning_curve"]}))
+            + " |",
+        ]
         shots = sorted({c["per_label"] for c in report["learning_curve"]})
         lines.append("|---|" + "---|" * len(shots))
         for key in dict.fromkeys((c["method"], c["pooling"]) for c in report["learning_curve"]):

@@ -26,16 +26,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--input", default=None, help="labelled JSONL/CSV (text, label), or a named set like banking77:train"
     )
-    p.add_argument("--default-head", action="store_true",
-                   help="refit the shipped default head for TRIAGE_MODEL (+ TRIAGE_ENCODER) by its fixed recipe "
-                   "(project's support tickets, fp32, one thread); --out defaults to the file inside the package")
+    p.add_argument(
+        "--default-head",
+        action="store_true",
+        help="refit the shipped default head for TRIAGE_MODEL (+ TRIAGE_ENCODER) by its fixed recipe "
+        "(project's support tickets, fp32, one thread); --out defaults to the file inside the package",
+    )
     p.add_argument("--split", default=None, help="only rows whose 'split' field equals this")
     p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to the labels")
     p.add_argument("--out", type=Path, default=None, help="write the fitted head here (.safetensors)")
     p.add_argument("--method", choices=["logreg", "centroid"], default="logreg")
     p.add_argument("--pooling", choices=["mean", "last"], default="mean")
     p.add_argument("--per-label", type=int, default=None, help="fit on a seeded sample of at most N tickets per label")
-    p.add_argument("--examples-out", type=Path, default=None, help="write the configured task + k examples per label here (YAML/JSON)")
+    p.add_argument(
+        "--examples-out",
+        type=Path,
+        default=None,
+        help="write the configured task + k examples per label here (YAML/JSON)",
+    )
     p.add_argument("--k", type=int, default=2, help="few-shot examples per label for --examples-out")
     p.add_argument("--seed", type=int, default=0)
     add_model_arguments(p)
@@ -65,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     if args.examples_out:
         task = task.with_examples(pick_examples(rows, args.k, args.seed, task.labels))
         write_task_file(task, args.examples_out)
-        print(f"wrote {len(task.examples)} examples ({args.k} per label) to {args.examples_out}  -> TRIAGE_TASK_FILE={args.examples_out}")
+        print(
+            f"wrote {len(task.examples)} examples ({args.k} per label) to {args.examples_out}  -> TRIAGE_TASK_FILE={args.examples_out}"
+        )
     if args.out:
         _fit(args, settings, task, rows)
     return 0
@@ -82,7 +92,9 @@ def _task_for(task, rows, settings, writing_task: bool):
     if not unknown:
         return task
     if settings.task_file is None and settings.labels is None and writing_task:
-        return Task(tuple(seen), {lab: DEFAULT_LABELS[lab] for lab in seen if lab in DEFAULT_LABELS}, (), task.instructions)
+        return Task(
+            tuple(seen), {lab: DEFAULT_LABELS[lab] for lab in seen if lab in DEFAULT_LABELS}, (), task.instructions
+        )
     raise ValueError(
         f"the data has labels the configured task does not know: {unknown[:10]}{' ...' if len(unknown) > 10 else ''} "
         "(set TRIAGE_LABELS / TRIAGE_TASK_FILE, or add --examples-out FILE to write a task file for these labels)"
@@ -106,16 +118,34 @@ def _fit(args, settings, task, rows) -> None:
     items = clf.prepare_valid([r.text for r in rows])
     feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
-    meta = {"model": clf.model_name, "prompt_hash": prompt_hash(clf), "dtype": clf.dtype_name,
-            "source": str(args.input),
-            "head_prompt": clf.head_prompt}
-    head = fit_head(feats.pooled(args.pooling), [r.label for r in rows], task.labels, method=args.method,
-                    pooling=args.pooling, meta=meta, seed=args.seed, blocks=clf.feature_blocks)
+    meta = {
+        "model": clf.model_name,
+        "prompt_hash": prompt_hash(clf),
+        "dtype": clf.dtype_name,
+        "source": str(args.input),
+        "head_prompt": clf.head_prompt,
+    }
+    head = fit_head(
+        feats.pooled(args.pooling),
+        [r.label for r in rows],
+        task.labels,
+        method=args.method,
+        pooling=args.pooling,
+        meta=meta,
+        seed=args.seed,
+        blocks=clf.feature_blocks,
+    )
     head.save(args.out)
     fewest = min(head.meta["per_label"].values())
     if fewest < 8:
-        print(f"note: only {fewest} tickets for some label; heads keep improving up to 30-100 per label (docs/quality.md)"
-              + ("; with under 3 per label the centroid head is better calibrated" if args.method == "logreg" and fewest < 3 else ""))
+        print(
+            f"note: only {fewest} tickets for some label; heads keep improving up to 30-100 per label (docs/quality.md)"
+            + (
+                "; with under 3 per label the centroid head is better calibrated"
+                if args.method == "logreg" and fewest < 3
+                else ""
+            )
+        )
     print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets ({secs:.0f} s forward) -> {args.out}")
     env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
     print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")

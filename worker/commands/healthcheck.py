@@ -16,7 +16,9 @@ HELP = "exit 0 if a worker heartbeat (TRIAGE_HEARTBEAT_KEY_PREFIX + consumer) is
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--consumer", help="check this consumer only (default: any worker)")
-    p.add_argument("--host", help="only workers running on this host, e.g. --host \"$(hostname)\" in a container health check")
+    p.add_argument(
+        "--host", help='only workers running on this host, e.g. --host "$(hostname)" in a container health check'
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing, just set the exit code")
 
 

@@ -25,7 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exit 0 once no entry is undelivered and none is pending (batch jobs, demos)",
     )
-    p.add_argument("--consumer", help="consumer name (default: TRIAGE_CONSUMER or <host>-<pid>; must be unique per process)")
+    p.add_argument(
+        "--consumer", help="consumer name (default: TRIAGE_CONSUMER or <host>-<pid>; must be unique per process)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,8 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
     # Before torch and the model: settings, TRIAGE_ names, task file, model location, Redis URL.
     settings, problems = preflight.load_settings(consumer=args.consumer)
-    configure_logging(settings.log_format if settings else preflight.log_format_from_env(),
-                      settings.log_level if settings else "INFO")
+    configure_logging(
+        settings.log_format if settings else preflight.log_format_from_env(), settings.log_level if settings else "INFO"
+    )
     log0 = get_logger("triage.worker")
     if settings is not None:
         problems += preflight.worker_problems(settings)
@@ -84,9 +87,14 @@ def _start_metrics(settings, log) -> bool:
     try:
         prometheus.start(settings.metrics_host, settings.metrics_port)
     except OSError as e:
-        log.error("metrics_unavailable", host=settings.metrics_host, port=settings.metrics_port, error=str(e),
-                  fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); "
-                  "0 turns metrics off")
+        log.error(
+            "metrics_unavailable",
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            error=str(e),
+            fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); "
+            "0 turns metrics off",
+        )
         return False
     log.info("metrics_serving", url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
     return True

@@ -21,10 +21,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     p.add_argument("--interval-s", type=float, default=2.0, help="seconds between refreshes with --watch (default 2)")
     p.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes (0 = never)")
-    p.add_argument("--window-s", type=float, default=60.0,
-                   help="throughput, latency and recent dead letters over the last this many seconds (default 60)")
-    p.add_argument("--max-results", type=int, default=2000,
-                   help="read at most this many recent results (the rate is then over the span they cover)")
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=60.0,
+        help="throughput, latency and recent dead letters over the last this many seconds (default 60)",
+    )
+    p.add_argument(
+        "--max-results",
+        type=int,
+        default=2000,
+        help="read at most this many recent results (the rate is then over the span they cover)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,11 +52,13 @@ def run(args: argparse.Namespace) -> int:
         print("triage-worker status: --interval-s and --window-s must be > 0, --max-results >= 1", file=sys.stderr)
         return 2
     url = mask_url(s.redis_url)
-    target = Target(s.input_stream, s.group, s.results_stream, s.dead_letter_stream, s.heartbeat_key_prefix,
-                    s.claim_idle_ms)
+    target = Target(
+        s.input_stream, s.group, s.results_stream, s.dead_letter_stream, s.heartbeat_key_prefix, s.claim_idle_ms
+    )
     try:
-        client = redis.Redis.from_url(s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True,
-                                      encoding_errors="replace")
+        client = redis.Redis.from_url(
+            s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True, encoding_errors="replace"
+        )
     except ValueError as e:  # a malformed URL: say which setting
         print(f"triage-worker status: TRIAGE_REDIS_URL is not a Redis URL ({e})", file=sys.stderr)
         return 2

@@ -19,11 +19,21 @@ HELP = "check batched results against an unpadded one-at-a-time reference run"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, type=Path, help="JSON Lines with a 'text' field (optional 'id'), or CSV with a 'text' column")
+    p.add_argument(
+        "--input",
+        required=True,
+        type=Path,
+        help="JSON Lines with a 'text' field (optional 'id'), or CSV with a 'text' column",
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N tickets")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
     add_model_arguments(p)
-    p.add_argument("--flip-margin", type=float, default=0.05, help="in fp16/bf16, label flips are accepted below this reference top-2 margin")
+    p.add_argument(
+        "--flip-margin",
+        type=float,
+        default=0.05,
+        help="in fp16/bf16, label flips are accepted below this reference top-2 margin",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +56,15 @@ def run(args: argparse.Namespace) -> int:
 
     ok = report.passed(args.flip_margin)
     out = sys.stdout
-    print(f"model {settings.model}  device {report.device}  dtype {report.dtype}  "
-          f"prefix cache {'on' if report.prefix_cache else 'off'}  attention {report.attention}", file=out)
-    print(f"tickets {report.n} (skipped invalid: {skipped})  passes {report.passes}  padding {report.padding_pct:.1f}%",
-          file=out)
+    print(
+        f"model {settings.model}  device {report.device}  dtype {report.dtype}  "
+        f"prefix cache {'on' if report.prefix_cache else 'off'}  attention {report.attention}",
+        file=out,
+    )
+    print(
+        f"tickets {report.n} (skipped invalid: {skipped})  passes {report.passes}  padding {report.padding_pct:.1f}%",
+        file=out,
+    )
     print(f"label agreement {report.agreement_pct:.2f}%   max |dprob| {report.max_abs_delta_prob:.2e}", file=out)
     print(
         f"items/s batched {report.batched_items_per_s:.1f}  reference {report.reference_items_per_s:.1f}  ({report.speedup:.1f}x)",

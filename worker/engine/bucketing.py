@@ -8,8 +8,8 @@ the forward pass actually computes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from worker.engine.types import padding_pct
 

@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import logging
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -113,7 +113,7 @@ class Classifier:
 
     def with_scoring(
         self, scorer: Scorer | None = None, score_bias: Sequence[float] | np.ndarray | None = None
-    ) -> "Classifier":
+    ) -> Classifier:
         """A new classifier on the same model, task, options and prompt-prefix cache with another scorer / bias.
 
         ``None`` means what the constructor means: prompt scoring, no bias. This object is left as it is.
@@ -126,8 +126,11 @@ class Classifier:
         if scorer is not None and tuple(scorer.names) != self.labels:
             raise ValueError(f"scorer labels {list(scorer.names)} != task labels {list(self.labels)}")
         if scorer is None and self.needs_head:
-            scorer = HeadRequired(self.labels, f"{self.model_name} has no label tokens to score: it needs a head "
-                                  "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)")
+            scorer = HeadRequired(
+                self.labels,
+                f"{self.model_name} has no label tokens to score: it needs a head "
+                "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)",
+            )
         if scorer is None:
             scorer = PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
         self.scorer: Scorer = scorer
@@ -185,8 +188,11 @@ class Classifier:
         batch = [texts[i] for i in todo]
         # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
         enc = self.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        aux = (self.encoder.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-               if self.encoder is not None else None)
+        aux = (
+            self.encoder.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            if self.encoder is not None
+            else None
+        )
         lead, tail = self.template.lead_ids, self.template.tail_ids
         limit = self.max_input_tokens
         for k, (i, ids) in enumerate(zip(todo, enc)):
@@ -200,8 +206,12 @@ class Classifier:
             if aux is not None:
                 t, cap = self.aux_template, self.aux_max_tokens
                 aux_ids, aux_cut = t.lead_ids + tuple(aux[k][:cap]) + t.tail_ids, len(aux[k]) > cap
-            out[i] = Prepared(ids=lead + tuple(ids) + tail, n_text_tokens=min(n, limit), truncated=n > limit or aux_cut,
-                              aux_ids=aux_ids)
+            out[i] = Prepared(
+                ids=lead + tuple(ids) + tail,
+                n_text_tokens=min(n, limit),
+                truncated=n > limit or aux_cut,
+                aux_ids=aux_ids,
+            )
         return out
 
     def prepare_valid(self, texts: Sequence[str]) -> list[Prepared]:
@@ -252,7 +262,7 @@ class Classifier:
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
         attention: str | None = None,
-    ) -> "LaunchedPass":
+    ) -> LaunchedPass:
         """``run_pass`` without waiting: on CUDA the pass is queued on the device and its scores copied
         to pinned host memory asynchronously; ``.result()`` waits. Elsewhere it has run already."""
         timer = LaunchedPass(self.device)
@@ -286,9 +296,16 @@ class Classifier:
             from worker.engine.packed import run_packed
 
             fwd = run_packed(
-                self.model, rows, self.pad_id, prefix, keep_kv=self.scorer.needs_cache,
-                mean_pool=self.scorer.needs_mean, pool_from=pool_from, kernel=self.attention_kernel,
-                runner=self._graph_runner(), on_device=on_device,
+                self.model,
+                rows,
+                self.pad_id,
+                prefix,
+                keep_kv=self.scorer.needs_cache,
+                mean_pool=self.scorer.needs_mean,
+                pool_from=pool_from,
+                kernel=self.attention_kernel,
+                runner=self._graph_runner(),
+                on_device=on_device,
             )
             return self.scorer.scores(self.model, self._join(fwd, items)).double()
         with sdpa_context(self.model.device):
@@ -333,7 +350,12 @@ class Classifier:
             if row[k] < threshold:
                 label = fallback
             preds.append(
-                Prediction(label=label, scores={n: float(x) for n, x in zip(self.labels, row)}, truncated=p.truncated, n_tokens=p.n_text_tokens)
+                Prediction(
+                    label=label,
+                    scores={n: float(x) for n, x in zip(self.labels, row)},
+                    truncated=p.truncated,
+                    n_tokens=p.n_text_tokens,
+                )
             )
         return preds
 
@@ -377,7 +399,7 @@ class Classifier:
             yield self._complete(*pending, cached, attention, pad_to)
 
     def _complete(
-        self, b: bucketing.Pass, chunk, launched: "LaunchedPass", cached: bool, attention: str, pad_to: int | None
+        self, b: bucketing.Pass, chunk, launched: LaunchedPass, cached: bool, attention: str, pad_to: int | None
     ):
         log_scores = launched.result()
         t0 = time.perf_counter()
@@ -466,7 +488,7 @@ class LaunchedPass:
             self._start.record()
         self._marked = True
 
-    def finish_launch(self, scores: torch.Tensor) -> "LaunchedPass":
+    def finish_launch(self, scores: torch.Tensor) -> LaunchedPass:
         self.mark()  # a path that never called it: the span is then only the host copy
         if self.cuda:
             self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)

@@ -21,8 +21,9 @@ def _cache_kwarg_for(cls: type) -> str:
         return "cache"
     if "past_key_values" in params:
         return "past_key_values"
-    raise TypeError(f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`: "
-                    "an unsupported transformers version")
+    raise TypeError(
+        f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`: an unsupported transformers version"
+    )
 
 
 def cache_kwarg(module: torch.nn.Module) -> str:

@@ -10,7 +10,7 @@ tokens included: what sentence-transformers' mean pooling computes.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel

@@ -6,8 +6,9 @@ later, at the few positions that matter (see ``scoring``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -26,7 +27,9 @@ class PrefixKV:
     def expanded(self, batch: int) -> DynamicCache:
         # expand() is a view; DynamicCache.update concatenates into new tensors,
         # so the shared copy is never written to.
-        return DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in self.layers])
+        return DynamicCache(
+            ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in self.layers]
+        )
 
 
 @dataclass

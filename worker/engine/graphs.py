@@ -136,8 +136,13 @@ class GraphRunner:
         if not err <= tol:
             self._disable(f"replay differs from the eager pass (max |diff| {err:.3g} > {tol:.3g})")
             return None
-        log.info("cuda graph captured: %d tokens, %d rows, longest %d (replay matches eager within %.2g)",
-                 tokens, rows, longest, err)
+        log.info(
+            "cuda graph captured: %d tokens, %d rows, longest %d (replay matches eager within %.2g)",
+            tokens,
+            rows,
+            longest,
+            err,
+        )
         return g
 
     def _disable(self, why: str) -> None:

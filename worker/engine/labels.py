@@ -22,7 +22,7 @@ class LabelTokens:
     multi: tuple[int, ...]  # labels needing continuation tokens
 
     @classmethod
-    def build(cls, tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...], lead: str) -> "LabelTokens":
+    def build(cls, tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...], lead: str) -> LabelTokens:
         seqs = tuple(tuple(tokenizer(lead + n, add_special_tokens=False)["input_ids"]) for n in names)
         for n, s in zip(names, seqs):
             if not s:

@@ -15,8 +15,8 @@ package: unzipped once into ``cache_dir``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -53,8 +53,21 @@ log = logging.getLogger("triage.loader")
 
 # Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
 ENCODER_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta", "deberta-v2", "albert",
-     "camembert", "modernbert", "nomic_bert", "new"}
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "distilbert",
+        "mpnet",
+        "electra",
+        "deberta",
+        "deberta-v2",
+        "albert",
+        "camembert",
+        "modernbert",
+        "nomic_bert",
+        "new",
+    }
 )
 
 

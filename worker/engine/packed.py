@@ -21,9 +21,9 @@ call, and itself (causal, bottom-right aligned).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -59,8 +59,9 @@ class PackedCall:
     base_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # filled when keep_kv
 
-    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
-               ) -> torch.Tensor:
+    def attend(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         # transformers hands over [1, H, T, D] views of [1, T, H, D] storage: back to [T, H, D] without a copy
         q = query[0].transpose(0, 1).contiguous()
         k = key[0].transpose(0, 1).contiguous()
@@ -123,15 +124,26 @@ class Layout:
     max_len: int  # >= longest row (the kernels' max_q)
 
     @classmethod
-    def build(cls, lengths: Sequence[int], padded_total: int | None = None, segments: int | None = None,
-              max_len: int | None = None) -> "Layout":
+    def build(
+        cls,
+        lengths: Sequence[int],
+        padded_total: int | None = None,
+        segments: int | None = None,
+        max_len: int | None = None,
+    ) -> Layout:
         lengths = list(lengths)
         starts, t = [], 0
         for n in lengths:
             starts.append(t)
             t += n
-        return cls(lengths, starts, t, max(t, padded_total or 0), max(len(lengths), segments or 0),
-                   max(max(lengths), max_len or 0))
+        return cls(
+            lengths,
+            starts,
+            t,
+            max(t, padded_total or 0),
+            max(len(lengths), segments or 0),
+            max(max(lengths), max_len or 0),
+        )
 
     def cu(self) -> list[int]:
         ends = [s + n for s, n in zip(self.starts, self.lengths)]
@@ -150,7 +162,7 @@ def call_decoder(model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, c
 
     Everything the attention function needs is on the device before the call: inside it
     there is no host sync and no host-to-device copy, so the call can be captured as a
-    CUDA graph (tests/test_packed.py checks this on the meta device).
+    CUDA graph (tests/integration/test_packed.py checks this on the meta device).
     """
     from worker.engine.forward import decoder
 
@@ -287,8 +299,14 @@ def run_continuations(model: PreTrainedModel, state: PackedState, inputs: Sequen
     ctx_len = row_len + seg_len
     cu_k = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(ctx_len, 0)]).to(torch.int32)
     call = PackedCall(
-        kernel=state.kernel, cu_q=cu_q.to(dev), max_q=width, prefix=state.prefix, ctx_index=ctx_index.to(dev),
-        cu_k=cu_k.to(dev), max_k=int(ctx_len.max()), base_kv=state.kv,
+        kernel=state.kernel,
+        cu_q=cu_q.to(dev),
+        max_q=width,
+        prefix=state.prefix,
+        ctx_index=ctx_index.to(dev),
+        cu_k=cu_k.to(dev),
+        max_k=int(ctx_len.max()),
+        base_kv=state.kv,
     )
     hidden = call_decoder(model, ids.to(dev), pos.to(dev), call)  # [q_total, H]
     out = hidden.new_zeros(n, m, width, hidden.shape[-1])

@@ -72,5 +72,10 @@ def encoder_template(tokenizer: PreTrainedTokenizerBase) -> PromptTemplate:
     """An encoder sees ``[CLS] ticket [SEP]`` and nothing else: no instructions, no prefix to cache."""
     cls = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    return PromptTemplate(prefix_ids=(), tail_ids=(sep,) if sep is not None else (), label_lead="",
-                          uses_chat_template=False, lead_ids=(cls,) if cls is not None else ())
+    return PromptTemplate(
+        prefix_ids=(),
+        tail_ids=(sep,) if sep is not None else (),
+        label_lead="",
+        uses_chat_template=False,
+        lead_ids=(cls,) if cls is not None else (),
+    )

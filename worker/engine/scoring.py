@@ -72,7 +72,9 @@ class PromptScorer:
         # rows ordered (ticket i, label r): ticket-major
         rep = torch.arange(b, device=dev).repeat_interleave(m)
         cache = DynamicCache(
-            ddp_cache_data=[(layer.keys.index_select(0, rep), layer.values.index_select(0, rep)) for layer in fwd.cache.layers]
+            ddp_cache_data=[
+                (layer.keys.index_select(0, rep), layer.values.index_select(0, rep)) for layer in fwd.cache.layers
+            ]
         )
         inp, tgt, valid = inp.to(dev).repeat(b, 1), tgt.to(dev).repeat(b, 1), valid.to(dev).repeat(b, 1)
         mask = torch.cat([fwd.attention_mask.index_select(0, rep), valid], dim=1)

@@ -89,8 +89,12 @@ def classify_model_name(name: str) -> tuple[str, Path | None]:
 def hub_cache_dir() -> Path:
     """huggingface_hub's cache directory, by its own rules (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)."""
     if os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(os.path.expandvars(os.environ.get("HF_HUB_CACHE") or os.environ["HUGGINGFACE_HUB_CACHE"])).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        return Path(
+            os.path.expandvars(os.environ.get("HF_HUB_CACHE") or os.environ["HUGGINGFACE_HUB_CACHE"])
+        ).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
@@ -101,11 +105,18 @@ def hub_model_cached(model_id: str, revision: str = "main") -> bool:
     if ref.is_file():
         snap = repo / "snapshots" / ref.read_text().strip()
         return (snap / "config.json").is_file()
-    return any((s / "config.json").is_file() for s in (repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else False
+    return (
+        any((s / "config.json").is_file() for s in (repo / "snapshots").glob("*"))
+        if (repo / "snapshots").is_dir()
+        else False
+    )
 
 
 def hub_offline() -> bool:
-    return any(os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"} for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -200,7 +211,9 @@ class CacheEntry:
     path: Path
     size_bytes: int
     source: str | None  # the GGUF it was converted from (as recorded), if known
-    status: str  # "in-use" (a GGUF on this machine maps here) | "stale" (source gone or changed) | "partial" (unfinished)
+    status: (
+        str  # "in-use" (a GGUF on this machine maps here) | "stale" (source gone or changed) | "partial" (unfinished)
+    )
     modified_s: float
 
 
@@ -222,7 +235,7 @@ def _live_keys(cache_dir: Path) -> set[str]:
     except (OSError, ValueError):
         return set()
     live = set()
-    for stamp, key in (index.items() if isinstance(index, dict) else []):
+    for stamp, key in index.items() if isinstance(index, dict) else []:
         try:
             p, size, mtime = stamp.rsplit("|", 2)
             st = os.stat(p)

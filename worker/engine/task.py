@@ -62,13 +62,13 @@ class Task:
             if ex.label not in self.labels:
                 raise TaskError(f"example label {ex.label!r} is not one of {list(self.labels)}")
 
-    def with_examples(self, examples: list[Example]) -> "Task":
+    def with_examples(self, examples: list[Example]) -> Task:
         return Task(self.labels, self.descriptions, tuple(examples), self.instructions)
 
-    def without_examples(self) -> "Task":
+    def without_examples(self) -> Task:
         return self.with_examples([])
 
-    def labels_only(self) -> "Task":
+    def labels_only(self) -> Task:
         """Instructions + label names: the short prompt a head needs (no descriptions, no examples)."""
         return Task(self.labels, {}, (), self.instructions)
 
@@ -207,4 +207,3 @@ def _parse_labels(spec: object, where: _Where) -> tuple[list[str], dict[str, str
                 raise TaskError(f"{where(at)}: bad label entry {item!r:.80} (a name, or {{name, description}})")
         return names, desc
     raise TaskError(f"{where(('labels',))}: 'labels' must be a list or a mapping")
-

@@ -10,8 +10,8 @@ one ``Classifier.classify`` call makes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 class InvalidTicket(ValueError):
@@ -113,7 +113,7 @@ class RunStats:
         self.pass_sizes.append(p.items)
         self.pass_stats.append(p)
 
-    def merge(self, other: "RunStats") -> None:
+    def merge(self, other: RunStats) -> None:
         """Add another run's pass counters (not ``items``: the caller knows how many tickets it handled)."""
         self.passes += other.passes
         self.real_tokens += other.real_tokens

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -180,15 +180,17 @@ def self_test(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: i
             q = torch.randn(sum(q_lens), 14, head_dim, generator=gen).to(device, dtype)
             k = torch.randn(sum(k_lens), 2, head_dim, generator=gen).to(device, dtype)
             v = torch.randn(sum(k_lens), 2, head_dim, generator=gen).to(device, dtype)
-            cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32).to(device)
-                          for x in (q_lens, k_lens))
+            cu_q, cu_k = (
+                torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32).to(device) for x in (q_lens, k_lens)
+            )
             for causal in causals:
                 args = (q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal, default_scale(head_dim))
                 out, lse = KERNELS[kernel](*args)
                 ref, ref_lse = varlen_torch(*args)
                 rows = torch.cat([torch.arange(a, b) for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist())]).to(device)
-                err = max((out.float() - ref.float())[rows].abs().max().item(),
-                          (lse - ref_lse)[:, rows].abs().max().item())
+                err = max(
+                    (out.float() - ref.float())[rows].abs().max().item(), (lse - ref_lse)[:, rows].abs().max().item()
+                )
                 if not err < 3e-2:
                     return f"{kernel} differs from the torch kernel by {err:.3g} (rows {q_lens}, causal={causal})"
     except Exception as e:  # noqa: BLE001 -- any failure means: do not use this kernel here

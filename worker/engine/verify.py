@@ -7,8 +7,8 @@ ticket alone, no padding, no prefix cache, same model and dtype.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 from worker.engine.classifier import Classifier
 from worker.engine.types import Prediction, Prepared

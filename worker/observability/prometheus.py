@@ -16,15 +16,34 @@ The loop only calls a few hooks (``set_phase``, ``observe_batch``, ``reconnected
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from worker.observability.reasons import REASON_CLASSES, reason_class
 
 CONVENTIONAL_PORT = 9108  # documented choice for TRIAGE_METRICS_PORT (the default stays 0 = off)
 
 # Stage durations on a busy CPU reach minutes per window; on a GPU, milliseconds per pass.
-DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0,
-                      250.0, 600.0)
+DURATION_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    600.0,
+)
 LATENCY_BUCKETS_S = DURATION_BUCKETS_S + (1800.0, 3600.0)  # enqueue -> result includes time spent in the backlog
 SIZE_BUCKETS = tuple(float(2**i) for i in range(14))  # 1 .. 8192 tickets (windows of thousands on a GPU)
 PASS_TOKEN_BUCKETS = tuple(float(2**i) for i in range(21))  # 1 .. ~1M padded tokens per pass (TEI's buckets)
@@ -56,8 +75,14 @@ class Metrics:
     def observe_pass(self, *, size: int, padded_tokens: int | None = None, infer_s: float | None = None) -> None:
         pass
 
-    def observe_results(self, *, n_ok: int, latencies_ms: Sequence[float] = (), input_tokens: Sequence[int] = (),
-                        dead_reasons: Sequence[str] = ()) -> None:
+    def observe_results(
+        self,
+        *,
+        n_ok: int,
+        latencies_ms: Sequence[float] = (),
+        input_tokens: Sequence[int] = (),
+        dead_reasons: Sequence[str] = (),
+    ) -> None:
         pass
 
     # adapters for the stream loop's own objects (PassStats, written Outcome, WindowMetrics)
@@ -77,8 +102,16 @@ class PrometheusMetrics(Metrics):
     enabled = True
 
     def __init__(self, registry: Any = None):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
-        from prometheus_client import PlatformCollector, ProcessCollector
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            Histogram,
+            Info,
+            PlatformCollector,
+            ProcessCollector,
+            disable_created_metrics,
+        )
 
         disable_created_metrics()  # no *_created series: half the lines, nothing a dashboard uses
         if registry is None:
@@ -89,69 +122,125 @@ class PrometheusMetrics(Metrics):
         r = registry
 
         # --- tickets (TEI: te_request_*) -------------------------------------------------
-        self.request_count = Counter("triage_request_count", "Input entries settled: classified or dead-lettered.",
-                                     registry=r)
-        self.request_success = Counter("triage_request_success", "Tickets classified (a result was written).",
-                                       registry=r)
-        self.request_failure = Counter("triage_request_failure", "Entries dead-lettered, by reason class.",
-                                       ["reason"], registry=r)
+        self.request_count = Counter(
+            "triage_request_count", "Input entries settled: classified or dead-lettered.", registry=r
+        )
+        self.request_success = Counter(
+            "triage_request_success", "Tickets classified (a result was written).", registry=r
+        )
+        self.request_failure = Counter(
+            "triage_request_failure", "Entries dead-lettered, by reason class.", ["reason"], registry=r
+        )
         for c in REASON_CLASSES:
             self.request_failure.labels(c)  # every class exists from the start, so rate() and alerts see 0
         self.request_duration = Histogram(
-            "triage_request_duration_seconds", "Enqueue (input entry id) to result written, per classified ticket.",
-            buckets=LATENCY_BUCKETS_S, registry=r)
-        self.request_input_tokens = Histogram("triage_request_input_tokens", "Text tokens the model read, per ticket.",
-                                              buckets=INPUT_TOKEN_BUCKETS, registry=r)
+            "triage_request_duration_seconds",
+            "Enqueue (input entry id) to result written, per classified ticket.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.request_input_tokens = Histogram(
+            "triage_request_input_tokens",
+            "Text tokens the model read, per ticket.",
+            buckets=INPUT_TOKEN_BUCKETS,
+            registry=r,
+        )
         # --- passes = forward calls (TEI: te_batch_*) ------------------------------------
-        self.batch_next_size = Histogram("triage_batch_next_size", "Tickets per forward pass (length bucket).",
-                                         buckets=SIZE_BUCKETS, registry=r)
-        self.batch_next_tokens = Histogram("triage_batch_next_tokens", "Computed (padded) tokens per forward pass.",
-                                           buckets=PASS_TOKEN_BUCKETS, registry=r)
+        self.batch_next_size = Histogram(
+            "triage_batch_next_size", "Tickets per forward pass (length bucket).", buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_next_tokens = Histogram(
+            "triage_batch_next_tokens",
+            "Computed (padded) tokens per forward pass.",
+            buckets=PASS_TOKEN_BUCKETS,
+            registry=r,
+        )
         self.batch_inference_duration = Histogram(
-            "triage_batch_inference_duration_seconds", "Model time of one forward pass.",
-            buckets=DURATION_BUCKETS_S, registry=r)
+            "triage_batch_inference_duration_seconds",
+            "Model time of one forward pass.",
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
         # --- windows = one drain of the stream --------------------------------------------
-        self.window_size = Histogram("triage_window_size", "Entries settled per window (one drain of the stream).",
-                                     buckets=SIZE_BUCKETS, registry=r)
-        self.window_entries = Counter("triage_window_entries", "Entries settled, by how they were read "
-                                      "(new, pending = own re-read, claimed = XAUTOCLAIM).", ["source"], registry=r)
+        self.window_size = Histogram(
+            "triage_window_size",
+            "Entries settled per window (one drain of the stream).",
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.window_entries = Counter(
+            "triage_window_entries",
+            "Entries settled, by how they were read (new, pending = own re-read, claimed = XAUTOCLAIM).",
+            ["source"],
+            registry=r,
+        )
         for s in SOURCES:
             self.window_entries.labels(s)
         stage = "Time per window spent "
-        self.window_read = Histogram("triage_window_read_duration_seconds",
-                                     stage + "reading from Redis (includes waiting up to TRIAGE_MAX_WAIT_MS to fill).",
-                                     buckets=DURATION_BUCKETS_S, registry=r)
-        self.window_tokenize = Histogram("triage_window_tokenization_duration_seconds",
-                                         stage + "parsing and tokenizing.", buckets=DURATION_BUCKETS_S, registry=r)
-        self.window_infer = Histogram("triage_window_inference_duration_seconds",
-                                      stage + "in the model (all its passes).", buckets=DURATION_BUCKETS_S, registry=r)
-        self.window_write = Histogram("triage_window_write_duration_seconds",
-                                      stage + "building records and in the MULTI/EXEC write + ack.",
-                                      buckets=DURATION_BUCKETS_S, registry=r)
-        self.real_tokens = Counter("triage_real_tokens", "Ticket tokens the model had to read (no padding).",
-                                   registry=r)
-        self.padded_tokens = Counter("triage_padded_tokens", "Tokens computed, padding included (>= real tokens).",
-                                     registry=r)
-        self.prefix_tokens_reused = Counter("triage_prefix_tokens_reused",
-                                            "Prompt-prefix tokens served from the KV cache instead of recomputed.",
-                                            registry=r)
-        self.split_retries = Counter("triage_split_retries", "Tickets re-run alone after their window failed.",
-                                     registry=r)
-        self.last_window = Gauge("triage_last_window_timestamp_seconds", "Unix time the last window was written.",
-                                 registry=r)
+        self.window_read = Histogram(
+            "triage_window_read_duration_seconds",
+            stage + "reading from Redis (includes waiting up to TRIAGE_MAX_WAIT_MS to fill).",
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.window_tokenize = Histogram(
+            "triage_window_tokenization_duration_seconds",
+            stage + "parsing and tokenizing.",
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.window_infer = Histogram(
+            "triage_window_inference_duration_seconds",
+            stage + "in the model (all its passes).",
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.window_write = Histogram(
+            "triage_window_write_duration_seconds",
+            stage + "building records and in the MULTI/EXEC write + ack.",
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.real_tokens = Counter(
+            "triage_real_tokens", "Ticket tokens the model had to read (no padding).", registry=r
+        )
+        self.padded_tokens = Counter(
+            "triage_padded_tokens", "Tokens computed, padding included (>= real tokens).", registry=r
+        )
+        self.prefix_tokens_reused = Counter(
+            "triage_prefix_tokens_reused",
+            "Prompt-prefix tokens served from the KV cache instead of recomputed.",
+            registry=r,
+        )
+        self.split_retries = Counter(
+            "triage_split_retries", "Tickets re-run alone after their window failed.", registry=r
+        )
+        self.last_window = Gauge(
+            "triage_last_window_timestamp_seconds", "Unix time the last window was written.", registry=r
+        )
         # --- queue (TEI: te_queue_size), worker --------------------------------------------
-        self.queue_size = Gauge("triage_queue_size", "Entries not yet delivered to the group (XINFO GROUPS lag), "
-                                "as seen by this worker at its last read; the same for every worker of the group.",
-                                registry=r)
-        self.queue_pending = Gauge("triage_queue_pending", "Entries delivered and not yet acked, whole group, "
-                                   "as seen by this worker at its last read.", registry=r)
-        self.reconnects = Counter("triage_redis_reconnects", "Redis operations retried after a connection error.",
-                                  registry=r)
-        self.phase = Gauge("triage_worker_phase", "1 for the phase the main loop is in, 0 for the others.", ["phase"],
-                           registry=r)
-        self.phase_started = Gauge("triage_worker_phase_started_timestamp_seconds",
-                                   "Unix time the current phase began (alert on time() - this while inferring).",
-                                   registry=r)
+        self.queue_size = Gauge(
+            "triage_queue_size",
+            "Entries not yet delivered to the group (XINFO GROUPS lag), "
+            "as seen by this worker at its last read; the same for every worker of the group.",
+            registry=r,
+        )
+        self.queue_pending = Gauge(
+            "triage_queue_pending",
+            "Entries delivered and not yet acked, whole group, as seen by this worker at its last read.",
+            registry=r,
+        )
+        self.reconnects = Counter(
+            "triage_redis_reconnects", "Redis operations retried after a connection error.", registry=r
+        )
+        self.phase = Gauge(
+            "triage_worker_phase", "1 for the phase the main loop is in, 0 for the others.", ["phase"], registry=r
+        )
+        self.phase_started = Gauge(
+            "triage_worker_phase_started_timestamp_seconds",
+            "Unix time the current phase began (alert on time() - this while inferring).",
+            registry=r,
+        )
         self.model_info = Info("triage_model", "The model this worker serves and where it runs.", registry=r)
         self._phase: str | None = None
         self._server = None
@@ -177,8 +266,9 @@ class PrometheusMetrics(Metrics):
     def set_model(self, *, model: str, device: str, dtype: str, consumer: str, version: str | None = None) -> None:
         if version is None:
             from worker import __version__ as version
-        self.model_info.info({"model": model, "device": device, "dtype": dtype, "version": version,
-                              "consumer": consumer})
+        self.model_info.info(
+            {"model": model, "device": device, "dtype": dtype, "version": version, "consumer": consumer}
+        )
 
     def set_phase(self, phase: str) -> None:
         if phase == self._phase:
@@ -199,9 +289,20 @@ class PrometheusMetrics(Metrics):
         if pending is not None:
             self.queue_pending.set(pending)
 
-    def observe_window(self, *, size: int, source: str = "new", read_s: float = 0.0, tokenize_s: float = 0.0,
-                       infer_s: float = 0.0, write_s: float = 0.0, real_tokens: int = 0, padded_tokens: int = 0,
-                       prefix_tokens_reused: int = 0, split_retries: int = 0) -> None:
+    def observe_window(
+        self,
+        *,
+        size: int,
+        source: str = "new",
+        read_s: float = 0.0,
+        tokenize_s: float = 0.0,
+        infer_s: float = 0.0,
+        write_s: float = 0.0,
+        real_tokens: int = 0,
+        padded_tokens: int = 0,
+        prefix_tokens_reused: int = 0,
+        split_retries: int = 0,
+    ) -> None:
         """One written window: its size and where its time went."""
         self.window_size.observe(size)
         self.window_entries.labels(source).inc(size)
@@ -223,8 +324,14 @@ class PrometheusMetrics(Metrics):
         if infer_s is not None:
             self.batch_inference_duration.observe(infer_s)
 
-    def observe_results(self, *, n_ok: int, latencies_ms: Sequence[float] = (), input_tokens: Sequence[int] = (),
-                        dead_reasons: Sequence[str] = ()) -> None:
+    def observe_results(
+        self,
+        *,
+        n_ok: int,
+        latencies_ms: Sequence[float] = (),
+        input_tokens: Sequence[int] = (),
+        dead_reasons: Sequence[str] = (),
+    ) -> None:
         """Tickets written: ``n_ok`` results (their latencies and token counts) and dead letters (their reasons)."""
         self.request_count.inc(n_ok + len(dead_reasons))
         self.request_success.inc(n_ok)
@@ -252,9 +359,15 @@ class PrometheusMetrics(Metrics):
         """After a window's last write: its ``WindowMetrics`` (the passes added up in ``m.stats``)."""
         st = m.stats
         self.observe_window(
-            size=m.items + m.dead_lettered, source=m.source, read_s=m.read_ms / 1000.0,
-            tokenize_s=m.tokenize_ms / 1000.0, infer_s=st.infer_ms / 1000.0, write_s=m.write_ms / 1000.0,
-            real_tokens=st.real_tokens, padded_tokens=st.padded_tokens, prefix_tokens_reused=st.prefix_tokens_reused,
+            size=m.items + m.dead_lettered,
+            source=m.source,
+            read_s=m.read_ms / 1000.0,
+            tokenize_s=m.tokenize_ms / 1000.0,
+            infer_s=st.infer_ms / 1000.0,
+            write_s=m.write_ms / 1000.0,
+            real_tokens=st.real_tokens,
+            padded_tokens=st.padded_tokens,
+            prefix_tokens_reused=st.prefix_tokens_reused,
             split_retries=m.split_retries,
         )
         self.set_queue(m.backlog, m.pending)

@@ -80,8 +80,12 @@ def _group(client: redis.Redis, t: Target) -> tuple[dict[str, Any], dict[str, di
     for g in groups:
         if g.get("name") == t.group:
             lag = g.get("lag")
-            queue.update(exists=True, backlog=None if lag is None else int(lag), pending=int(g.get("pending") or 0),
-                         last_delivered_id=g.get("last-delivered-id"))
+            queue.update(
+                exists=True,
+                backlog=None if lag is None else int(lag),
+                pending=int(g.get("pending") or 0),
+                last_delivered_id=g.get("last-delivered-id"),
+            )
     if not queue["exists"]:
         return queue, {}
     consumers = {c["name"]: c for c in client.xinfo_consumers(t.stream, t.group)}
@@ -108,8 +112,10 @@ def _results(client, stream: str, now_ms: int, since_ms: int, window_s: float, m
         "window_s": window_s,
         "count": len(rows),
         "per_s": round(len(rows) / span_s, 2),
-        "latency_ms": {**{f"p{q}": _r(percentile(latencies, q)) for q in (50, 90, 99)},
-                       "max": _r(max(latencies, default=None))},
+        "latency_ms": {
+            **{f"p{q}": _r(percentile(latencies, q)) for q in (50, 90, 99)},
+            "max": _r(max(latencies, default=None)),
+        },
         "newest_age_s": None if newest is None else round(max(0, now_ms - _id_ms(newest)) / 1000.0, 1),
         "total": int(client.xlen(stream)),
         "by_worker": by_worker,

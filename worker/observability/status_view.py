@@ -22,12 +22,16 @@ def render(s: dict[str, Any], redis_url: str = "") -> str:
     else:
         lines.append(f"queue    backlog {_n(q['backlog'])}  pending {_n(q['pending'])}  length {_n(q['length'])}")
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(dead["by_reason"].items(), key=lambda kv: -kv[1]))
-    lines.append(f"dead     {_n(dead['length'])} dead letters, {dead['in_window']} in the last {window}"
-                 + (f" ({reasons})" if reasons else ""))
+    lines.append(
+        f"dead     {_n(dead['length'])} dead letters, {dead['in_window']} in the last {window}"
+        + (f" ({reasons})" if reasons else "")
+    )
     lat = res["latency_ms"]
     newest = "none yet" if res["newest_age_s"] is None else f"newest {_dur(res['newest_age_s'])} ago"
-    lines.append(f"results  {res['count']} in the last {window} ({res['per_s']:g}/s)  latency p50 {_ms(lat['p50'])}"
-                 f"  p90 {_ms(lat['p90'])}  p99 {_ms(lat['p99'])}  {newest}")
+    lines.append(
+        f"results  {res['count']} in the last {window} ({res['per_s']:g}/s)  latency p50 {_ms(lat['p50'])}"
+        f"  p90 {_ms(lat['p90'])}  p99 {_ms(lat['p99'])}  {newest}"
+    )
     lines.append("")
     rows = [COLUMNS] + [_row(w, window) for w in s["workers"]]
     if len(rows) == 1:
@@ -39,8 +43,10 @@ def render(s: dict[str, Any], redis_url: str = "") -> str:
     lines.append("")
     tail = f"{summ['workers']} workers: {summ['alive']} alive, {summ['dead']} dead"
     if summ["dead"]:
-        tail += (f"; {summ['pending_on_dead']} entries pending on dead workers ({summ['reclaimable']} reclaimable now,"
-                 f" the rest after TRIAGE_CLAIM_IDLE_MS={s['claim_idle_ms']})")
+        tail += (
+            f"; {summ['pending_on_dead']} entries pending on dead workers ({summ['reclaimable']} reclaimable now,"
+            f" the rest after TRIAGE_CLAIM_IDLE_MS={s['claim_idle_ms']})"
+        )
     lines.append(tail)
     return "\n".join(lines)
 

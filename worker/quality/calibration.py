@@ -10,7 +10,7 @@ the same with the mean prediction over a sample of real (unlabelled) tickets.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

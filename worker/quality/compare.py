@@ -11,9 +11,9 @@ all-MiniLM-L6-v2's embedding, on both joined, and the shipped default head.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,9 +39,8 @@ def _loaded(settings, name: str):
 
 def feature_store(settings, task, root: Path = DEFAULT_CACHE) -> FeatureStore:
     """Pooled states of ``settings.model`` under ``task``'s prompt (an encoder ignores the prompt)."""
-    from worker.engine.classifier import Classifier
-
     from worker.assemble import engine_options, prompt_scoring
+    from worker.engine.classifier import Classifier
 
     loaded = _loaded(settings, settings.model)
     return FeatureStore(root, Classifier(loaded, task, engine_options(prompt_scoring(settings), loaded.model.device)))
@@ -112,7 +111,6 @@ def tfidf_cell(train, test, labels) -> Cell:
     starts from."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegressionCV
-
     from sklearn.pipeline import make_union
 
     vec = make_union(

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from worker.ticket_files import read_tickets
 
@@ -98,7 +98,9 @@ def resolve(spec: str, label_map_path: str | Path | None = None, split: str | No
         raise DataError(f"no such file: {path}")
     label_map = load_label_map(label_map_path) if label_map_path else None
     rows = load_labelled(path, label_map=label_map, split=split)
-    desc = f"{path}" + (f" split={split}" if split else "") + (f" labels mapped by {label_map_path}" if label_map else "")
+    desc = (
+        f"{path}" + (f" split={split}" if split else "") + (f" labels mapped by {label_map_path}" if label_map else "")
+    )
     return Source(rows, desc, Path(label_map_path) if label_map_path else None)
 
 

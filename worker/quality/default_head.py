@@ -11,14 +11,14 @@
    prompt hash, head prompt, seed, dtype, command) and both sets of figures in the metadata.
 
 Nothing in the file depends on the time or the machine's paths, so a refit on the same machine
-(same torch, one thread) writes the same bytes (``tests/test_default_head.py``).
+(same torch, one thread) writes the same bytes (``tests/integration/test_default_head.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -11,9 +11,9 @@ train pass, not one per method.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -57,7 +57,9 @@ class EvalConfig:
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
 
-def variant_tasks(base: Task, descriptions: dict[str, str], train: Sequence[Labelled] | None, cfg: EvalConfig) -> tuple[dict[str, Task], str]:
+def variant_tasks(
+    base: Task, descriptions: dict[str, str], train: Sequence[Labelled] | None, cfg: EvalConfig
+) -> tuple[dict[str, Task], str]:
     """The prompt variants to run, de-duplicated by content, and the name of the one equal to ``base``
     (the configured task: the head is fitted on its pooled states)."""
     labels, instr = base.labels, base.instructions
@@ -100,8 +102,15 @@ def score_method(name: str, probs: np.ndarray, labels: Sequence[str], gold: Sequ
 
 
 def evaluate_all(
-    loaded: LoadedModel, settings, base: Task, test: Sequence[Labelled], train: Sequence[Labelled] | None,
-    cfg: EvalConfig, descriptions: dict[str, str] | None = None, log=print, encoder: LoadedModel | None = None,
+    loaded: LoadedModel,
+    settings,
+    base: Task,
+    test: Sequence[Labelled],
+    train: Sequence[Labelled] | None,
+    cfg: EvalConfig,
+    descriptions: dict[str, str] | None = None,
+    log=print,
+    encoder: LoadedModel | None = None,
 ) -> dict:
     """Score every requested method on ``test``; the report is plain JSON-able data.
 
@@ -115,11 +124,14 @@ def evaluate_all(
     tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg) if not head_only else ({}, "task")
     if head_only:
         joined = f" + {encoder.name}" if encoder else ""
-        cfg.skipped.append(f"prompt scoring: {loaded.name}{joined} has no label tokens "
-                           "(encoder / joined features): heads only")
+        cfg.skipped.append(
+            f"prompt scoring: {loaded.name}{joined} has no label tokens (encoder / joined features): heads only"
+        )
     too_many = len(labels) > cfg.max_prompt_labels
     if too_many:
-        cfg.skipped.append(f"prompt scoring: {len(labels)} labels > --max-prompt-labels {cfg.max_prompt_labels} (head only)")
+        cfg.skipped.append(
+            f"prompt scoring: {len(labels)} labels > --max-prompt-labels {cfg.max_prompt_labels} (head only)"
+        )
     want_head = "head" in cfg.variants
     if want_head and not train and not base.examples and cfg.head_file is None:
         cfg.skipped.append("head: needs a training file (--train), examples in the task, or a head file")
@@ -131,30 +143,57 @@ def evaluate_all(
             continue
         clf = make_classifier(loaded, task, settings)
         items = clf.prepare_valid(texts)
-        p = run_features(clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir)
+        p = run_features(
+            clf, items, score=score, desc=f"test pass: {name}", progress=cfg.progress, cache_dir=cfg.cache_dir
+        )
         passes[name] = (clf, p)
-        info[name] = {"prefix_tokens": clf.prefix_length, "examples": len(task.examples), "scored": score,
-                      "seconds": round(p.seconds, 1), "tickets_per_s": round(len(items) / p.seconds, 1) if p.seconds else None,
-                      "from_cache": p.cached, "prompt_hash": prompt_hash(clf)}
-        log(f"{name}: {len(items)} tickets in {p.seconds:.1f} s{' (cached)' if p.cached else ''} (prefix {clf.prefix_length} tokens)")
+        info[name] = {
+            "prefix_tokens": clf.prefix_length,
+            "examples": len(task.examples),
+            "scored": score,
+            "seconds": round(p.seconds, 1),
+            "tickets_per_s": round(len(items) / p.seconds, 1) if p.seconds else None,
+            "from_cache": p.cached,
+            "prompt_hash": prompt_hash(clf),
+        }
+        log(
+            f"{name}: {len(items)} tickets in {p.seconds:.1f} s{' (cached)' if p.cached else ''} (prefix {clf.prefix_length} tokens)"
+        )
         if not score:
             continue
         for c in cfg.calibrations:
             bias = _bias(c, clf, p)
             extra = {"method": "prompt", "variant": name, "calibration": c, "seconds": info[name]["seconds"]}
-            results.append(score_method(name if c == "none" else f"{name} +{c}", softmax(p.log_scores - bias), labels, gold, extra))
+            results.append(
+                score_method(name if c == "none" else f"{name} +{c}", softmax(p.log_scores - bias), labels, gold, extra)
+            )
     curve: list[dict] = []
     if want_head:
-        heads, curve = _heads(base, _head_pass(loaded, encoder, settings, base, texts, passes, cfg, info, log),
-                              train, labels, gold, cfg, info, log)
+        heads, curve = _heads(
+            base,
+            _head_pass(loaded, encoder, settings, base, texts, passes, cfg, info, log),
+            train,
+            labels,
+            gold,
+            cfg,
+            info,
+            log,
+        )
         results += heads
     best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
     default = worker_default(settings, base, settings.head_path)
     default = base_name + default[4:] if default.startswith("task") else default
     return {
         "worker_default": next((m["name"] for m in results if m["name"].startswith(default)), None),
-        "labels": labels, "n_test": len(test), "n_train": len(train or []), "seed": cfg.seed, "k": cfg.k,
-        "passes": info, "skipped": cfg.skipped, "best": best["name"] if best else None, "methods": results,
+        "labels": labels,
+        "n_test": len(test),
+        "n_train": len(train or []),
+        "seed": cfg.seed,
+        "k": cfg.k,
+        "passes": info,
+        "skipped": cfg.skipped,
+        "best": best["name"] if best else None,
+        "methods": results,
         "learning_curve": curve,
     }
 
@@ -167,12 +206,24 @@ def _head_pass(loaded, encoder, settings, base: Task, texts, passes: dict, cfg: 
         if prompt_hash(c) == want:
             info["head_pass"] = name
             return clf, p
-    p = run_features(clf, clf.prepare_valid(texts), score=False, desc="test pass: head prompt", progress=cfg.progress,
-                     cache_dir=cfg.cache_dir)
-    info["head_pass"] = {"prefix_tokens": clf.prefix_length, "seconds": round(p.seconds, 1), "from_cache": p.cached,
-                         "prompt_hash": want}
-    log(f"head prompt ({clf.head_prompt or clf.kind}): {len(texts)} tickets in {p.seconds:.1f} s "
-        f"(prefix {clf.prefix_length} tokens)")
+    p = run_features(
+        clf,
+        clf.prepare_valid(texts),
+        score=False,
+        desc="test pass: head prompt",
+        progress=cfg.progress,
+        cache_dir=cfg.cache_dir,
+    )
+    info["head_pass"] = {
+        "prefix_tokens": clf.prefix_length,
+        "seconds": round(p.seconds, 1),
+        "from_cache": p.cached,
+        "prompt_hash": want,
+    }
+    log(
+        f"head prompt ({clf.head_prompt or clf.kind}): {len(texts)} tickets in {p.seconds:.1f} s "
+        f"(prefix {clf.prefix_length} tokens)"
+    )
     return clf, p
 
 
@@ -197,13 +248,25 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
         out += _score_head_file(shipped, clf, test_pass, labels, gold, cfg, name="shipped default head")
     if base.examples and {e.label for e in base.examples} == set(labels):  # what `auto` fits at start-up
         ex = run_features(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
-        out += _fit_and_score("head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg)
+        out += _fit_and_score(
+            "head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg
+        )
     curve: list[dict] = []
     if train:
-        tr = run_features(clf, clf.prepare_valid([r.text for r in train]), score=False, desc="train pass (head)", progress=cfg.progress,
-                      cache_dir=cfg.cache_dir)
-        info["train"] = {"tickets": len(train), "seconds": round(tr.seconds, 1), "from_cache": tr.cached,
-                         "tickets_per_s": round(len(train) / tr.seconds, 1) if tr.seconds else None}
+        tr = run_features(
+            clf,
+            clf.prepare_valid([r.text for r in train]),
+            score=False,
+            desc="train pass (head)",
+            progress=cfg.progress,
+            cache_dir=cfg.cache_dir,
+        )
+        info["train"] = {
+            "tickets": len(train),
+            "seconds": round(tr.seconds, 1),
+            "from_cache": tr.cached,
+            "tickets_per_s": round(len(train) / tr.seconds, 1) if tr.seconds else None,
+        }
         log(f"train pass: {len(train)} tickets in {tr.seconds:.1f} s{' (cached)' if tr.cached else ''}")
         y = [r.label for r in train]
         out += _fit_and_score("head", tr, y, test_pass, labels, gold, cfg)
@@ -211,8 +274,9 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
     return out, curve
 
 
-def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, gold, cfg: EvalConfig,
-                     name: str = "head file") -> list[dict]:
+def _score_head_file(
+    path: Path, clf: Classifier, test_pass: Features, labels, gold, cfg: EvalConfig, name: str = "head file"
+) -> list[dict]:
     from worker.quality.head import Head, HeadMismatch
 
     head = Head.load(path)
@@ -223,7 +287,12 @@ def _score_head_file(path: Path, clf: Classifier, test_pass: Features, labels, g
         return []
     head = head.reordered(labels)
     probs = softmax(head.logits(test_pass.pooled(head.pooling)))
-    extra = {"method": "head", "variant": f"{head.method}/{head.pooling}", "calibration": "none", "head_file": str(path)}
+    extra = {
+        "method": "head",
+        "variant": f"{head.method}/{head.pooling}",
+        "calibration": "none",
+        "head_file": str(path),
+    }
     return [score_method(f"{name} {head.method}/{head.pooling}", probs, labels, gold, extra)]
 
 
@@ -243,17 +312,25 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
     return prompt  # prompt variants are named by content: "task" may have been de-duplicated (see evaluate_all)
 
 
-def _fit_and_score(prefix: str, tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
+def _fit_and_score(
+    prefix: str, tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig
+) -> list[dict]:
     out = []
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
             t1 = time.perf_counter()
-            head = fit_head(tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed,
-                            blocks=cfg.blocks)
+            head = fit_head(
+                tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed, blocks=cfg.blocks
+            )
             fit_s = time.perf_counter() - t1
             probs = softmax(head.logits(test_pass.pooled(pooling)))
-            extra = {"method": "head", "variant": f"{method}/{pooling}", "calibration": "none", "fit_seconds": round(fit_s, 2),
-                     "head": {k: v for k, v in head.meta.items() if k in ("l2", "temperature", "n_train")}}
+            extra = {
+                "method": "head",
+                "variant": f"{method}/{pooling}",
+                "calibration": "none",
+                "fit_seconds": round(fit_s, 2),
+                "head": {k: v for k, v in head.meta.items() if k in ("l2", "temperature", "n_train")},
+            }
             out.append(score_method(f"{prefix} {method}/{pooling}", probs, labels, gold, extra))
     return out
 
@@ -272,14 +349,30 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                 for rep in range(repeats):
                     rng = np.random.default_rng(cfg.seed * 1000 + rep)
                     idx = np.concatenate([rng.permutation(v)[:n] for v in by_label.values() if len(v)])
-                    head = fit_head(tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method=method, pooling=pooling,
-                                    seed=cfg.seed, blocks=cfg.blocks)
+                    head = fit_head(
+                        tr.pooled(pooling)[idx],
+                        list(y_arr[idx]),
+                        labels,
+                        method=method,
+                        pooling=pooling,
+                        seed=cfg.seed,
+                        blocks=cfg.blocks,
+                    )
                     probs = softmax(head.logits(test_pass.pooled(pooling)))
                     pred = [labels[k] for k in probs.argmax(1)]
                     rep_ = metrics.evaluate(gold, pred, labels, probs.max(1))
                     acc.append(rep_.accuracy), f1.append(rep_.macro_f1), ece.append(rep_.ece)
-                rows.append({"per_label": n, "method": method, "pooling": pooling, "repeats": repeats,
-                             "accuracy": round(float(np.mean(acc)), 4), "accuracy_min": round(min(acc), 4),
-                             "accuracy_max": round(max(acc), 4), "macro_f1": round(float(np.mean(f1)), 4),
-                             "ece": round(float(np.mean(ece)), 4)})
+                rows.append(
+                    {
+                        "per_label": n,
+                        "method": method,
+                        "pooling": pooling,
+                        "repeats": repeats,
+                        "accuracy": round(float(np.mean(acc)), 4),
+                        "accuracy_min": round(min(acc), 4),
+                        "accuracy_max": round(max(acc), 4),
+                        "macro_f1": round(float(np.mean(f1)), 4),
+                        "ece": round(float(np.mean(ece)), 4),
+                    }
+                )
     return rows

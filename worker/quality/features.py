@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -71,15 +71,23 @@ class Features:
 
 def _cache_key(clf: Classifier, items: Sequence[Prepared], score: bool) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([clf.model_name, clf.dtype_name, str(clf.device), score, list(clf.labels),
-                         list(clf.template.prefix_ids)]).encode())
+    h.update(
+        json.dumps(
+            [clf.model_name, clf.dtype_name, str(clf.device), score, list(clf.labels), list(clf.template.prefix_ids)]
+        ).encode()
+    )
     for p in items:
         h.update(np.asarray(p.ids, dtype=np.int64).tobytes() + b"|")
     return h.hexdigest()[:24]
 
 
 def run_features(
-    clf: Classifier, items: Sequence[Prepared], *, score: bool = True, desc: str = "forward", progress: bool = True,
+    clf: Classifier,
+    items: Sequence[Prepared],
+    *,
+    score: bool = True,
+    desc: str = "forward",
+    progress: bool = True,
     cache_dir: Path | None = None,
 ) -> Features:
     """Length-bucketed passes exactly as ``clf.classify`` plans them, one ``run_pass`` each.

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -85,24 +85,37 @@ class Head:
         if want and have and want != have:
             problems.append(f"fitted under the {want!r} prompt, this classifier uses {have!r} (TRIAGE_HEAD_PROMPT)")
         if problems:
-            raise HeadMismatch("scorer head does not fit this classifier: " + "; ".join(problems) + " (refit with `triage-worker fit`)")
+            raise HeadMismatch(
+                "scorer head does not fit this classifier: " + "; ".join(problems) + " (refit with `triage-worker fit`)"
+            )
 
-    def reordered(self, labels: Sequence[str]) -> "Head":
+    def reordered(self, labels: Sequence[str]) -> Head:
         idx = [self.labels.index(lab) for lab in labels]
-        return Head(tuple(labels), self.pooling, self.method, self.mean, self.std, self.weight[idx], self.bias[idx], dict(self.meta))
+        return Head(
+            tuple(labels),
+            self.pooling,
+            self.method,
+            self.mean,
+            self.std,
+            self.weight[idx],
+            self.bias[idx],
+            dict(self.meta),
+        )
 
     # ----------------------------------------------------------------- io
     def save(self, path: str | Path) -> None:
         from safetensors.numpy import save_file
 
         meta = dict(self.meta, format=FORMAT, labels=list(self.labels), pooling=self.pooling, method=self.method)
-        tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in
-                   (("mean", self.mean), ("std", self.std), ("weight", self.weight), ("bias", self.bias))}
+        tensors = {
+            k: np.ascontiguousarray(v, dtype=np.float32)
+            for k, v in (("mean", self.mean), ("std", self.std), ("weight", self.weight), ("bias", self.bias))
+        }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(path), metadata={"triage_head": json.dumps(meta)})
 
     @classmethod
-    def load(cls, path: str | Path) -> "Head":
+    def load(cls, path: str | Path) -> Head:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="numpy") as f:
@@ -140,8 +153,16 @@ def normalize_blocks(z: np.ndarray, blocks: Sequence[int]) -> np.ndarray:
 
 # ---------------------------------------------------------------------- fitting
 def fit_head(
-    x: np.ndarray, y: Sequence[str], labels: Sequence[str], *, method: str = "logreg", pooling: str = "mean",
-    l2: float | None = None, meta: dict | None = None, seed: int = 0, blocks: Sequence[int] | None = None,
+    x: np.ndarray,
+    y: Sequence[str],
+    labels: Sequence[str],
+    *,
+    method: str = "logreg",
+    pooling: str = "mean",
+    l2: float | None = None,
+    meta: dict | None = None,
+    seed: int = 0,
+    blocks: Sequence[int] | None = None,
 ) -> Head:
     """Fit on pooled states ``x`` [N, H] with string labels ``y``; every label needs >= 1 example.
 
@@ -210,12 +231,16 @@ def _fit_logreg(z: np.ndarray, y: np.ndarray, j: int, l2: float, iters: int = 30
     t = torch.from_numpy(y).long()
     w = torch.zeros(j, z.shape[1], dtype=torch.float64, requires_grad=True)
     b = torch.zeros(j, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=iters, tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [w, b], lr=1.0, max_iter=iters, tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe"
+    )
     scale = 1.0 / z.shape[1]  # features have norm sqrt(H): keep logits O(1) at the start
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(x @ w.T * scale + b, t) + 0.5 * l2 * (w * scale).pow(2).sum() * z.shape[1]
+        loss = (
+            torch.nn.functional.cross_entropy(x @ w.T * scale + b, t) + 0.5 * l2 * (w * scale).pow(2).sum() * z.shape[1]
+        )
         loss.backward()
         return loss
 
@@ -272,6 +297,7 @@ class HeadScorer:
         x = (fwd.h_mean if self.needs_mean else fwd.h_last).float().to(self._mu.device)
         z = (x - self._mu) / self._sd
         parts = z.split(self._blocks, dim=1)
-        z = torch.cat([p * (float(np.sqrt(p.shape[1])) / p.norm(dim=1, keepdim=True).clamp(min=1e-12))
-                       for p in parts], 1)
+        z = torch.cat(
+            [p * (float(np.sqrt(p.shape[1])) / p.norm(dim=1, keepdim=True).clamp(min=1e-12)) for p in parts], 1
+        )
         return torch.log_softmax(z @ self._w.T + self._b, dim=-1)

@@ -7,8 +7,8 @@ metric and are tallied in the confusion matrix's extra last column.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -44,8 +44,15 @@ def plot_confusions(panels: Sequence[tuple[str, list[str], list[list[int]]]], pa
             for r in range(counts.shape[0]):
                 for c in range(counts.shape[1]):
                     if counts[r, c]:
-                        ax.text(c, r, int(counts[r, c]), ha="center", va="center", fontsize=7,
-                                color="white" if norm[r, c] > 0.5 else "black")
+                        ax.text(
+                            c,
+                            r,
+                            int(counts[r, c]),
+                            ha="center",
+                            va="center",
+                            fontsize=7,
+                            color="white" if norm[r, c] > 0.5 else "black",
+                        )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -23,7 +23,7 @@ log = logging.getLogger("triage.rq")
 
 
 class BatchHeartbeat:
-    def __init__(self, worker: "BaseWorker", entries: list["Entry"]):
+    def __init__(self, worker: BaseWorker, entries: list[Entry]):
         self.worker = worker
         self.entries = entries
         self.interval_s = max(1, int(worker.job_monitoring_interval))
@@ -31,7 +31,7 @@ class BatchHeartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rq-batch-heartbeat", daemon=True)
 
-    def __enter__(self) -> "BatchHeartbeat":
+    def __enter__(self) -> BatchHeartbeat:
         self._thread.start()
         return self
 

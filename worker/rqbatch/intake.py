@@ -24,12 +24,12 @@ POLL_S = 0.005
 log = logging.getLogger("triage.rq")
 
 
-def uses_intermediate_queue(worker: "BaseWorker") -> bool:
+def uses_intermediate_queue(worker: BaseWorker) -> bool:
     """RQ's own rule (Queue.dequeue_any): one queue on Redis >= 6.2 dequeues through an intermediate list."""
     return len(worker.queues) == 1 and worker.get_redis_server_version() >= (6, 2, 0)
 
 
-def drain(worker: "BaseWorker", limit: int) -> list[tuple[Job, Queue]]:
+def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:
     """Up to ``limit`` queued jobs, queues in the worker's priority order; never blocks."""
     out: list[tuple[Job, Queue]] = []
     conn = worker.connection
@@ -49,7 +49,7 @@ def drain(worker: "BaseWorker", limit: int) -> list[tuple[Job, Queue]]:
     return out
 
 
-def fetch_jobs(worker: "BaseWorker", job_ids: list[str]) -> list[Job]:
+def fetch_jobs(worker: BaseWorker, job_ids: list[str]) -> list[Job]:
     """The jobs behind ``job_ids`` in one round trip; gone or unreadable ones are skipped (as RQ does)."""
     if not job_ids:
         return []
@@ -71,7 +71,7 @@ def fetch_jobs(worker: "BaseWorker", job_ids: list[str]) -> list[Job]:
     return jobs
 
 
-def fill(worker: "BaseWorker", batch: list[tuple[Job, Queue]], limit: int, max_wait_s: float) -> None:
+def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wait_s: float) -> None:
     """Grow ``batch`` to ``limit`` jobs, waiting at most ``max_wait_s`` for more to arrive.
 
     Stops at once when a warm shutdown was requested: the batch in hand is then finished as is.

@@ -22,7 +22,11 @@ ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 
 # RQ keeps the callback names as strings on the job and imports them on first
 # access of job.success_callback etc.; reading the strings imports nothing.
-_CALLBACK_ATTRS = {"on_success": "_success_callback_name", "on_failure": "_failure_callback_name", "on_stopped": "_stopped_callback_name"}
+_CALLBACK_ATTRS = {
+    "on_success": "_success_callback_name",
+    "on_failure": "_failure_callback_name",
+    "on_stopped": "_stopped_callback_name",
+}
 
 
 @dataclass(eq=False)  # entries are compared by identity
@@ -69,9 +73,13 @@ def check_job(entry: Entry, max_text_bytes: int, allowed_callbacks: frozenset[st
             raise InvalidJob(f"the triage batch worker only runs {CLASSIFY_PATH}; refused to run {func!r}")
         if instance is not None:
             raise InvalidJob(f"{CLASSIFY_PATH} is a plain function, not a method of an instance")
-        refused = sorted(f"{kind}={name}" for kind, name in callback_names(job).items() if name not in allowed_callbacks)
+        refused = sorted(
+            f"{kind}={name}" for kind, name in callback_names(job).items() if name not in allowed_callbacks
+        )
         if refused:
-            raise InvalidJob(f"callback(s) not allowed: {', '.join(refused)} (list them in TRIAGE_RQ_ALLOWED_CALLBACKS to allow)")
+            raise InvalidJob(
+                f"callback(s) not allowed: {', '.join(refused)} (list them in TRIAGE_RQ_ALLOWED_CALLBACKS to allow)"
+            )
         entry.callbacks_ok = True
         entry.text = ticket_text(args, kwargs, max_text_bytes)
     except InvalidJob as e:

@@ -30,16 +30,16 @@ from rq.job_lifecycle import format_exc_info
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from worker.rqbatch.payload import latency_ms, rq_stream_id
 from worker.rqbatch.intake import uses_intermediate_queue
 from worker.rqbatch.jobs import Entry
+from worker.rqbatch.payload import latency_ms, rq_stream_id
 from worker.stream.records import result_fields
 
 if TYPE_CHECKING:
     from rq.worker import BaseWorker
 
 
-def start(worker: "BaseWorker", entries: list[Entry], ttl: int) -> None:
+def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
     """Mark every job STARTED with its own Execution, as RQ does right before running a job."""
     drop_intermediate = uses_intermediate_queue(worker)
     with worker.connection.pipeline() as pipe:
@@ -56,7 +56,7 @@ def start(worker: "BaseWorker", entries: list[Entry], ttl: int) -> None:
         pipe.execute()
 
 
-def run_callbacks(worker: "BaseWorker", entries: list[Entry]) -> None:
+def run_callbacks(worker: BaseWorker, entries: list[Entry]) -> None:
     """Success callbacks (a raising one fails its job, as in RQ), then failure callbacks of failed jobs
     (a raising one replaces the job's error, as in RQ). Only callbacks allowed by check_job run."""
     for e in entries:
@@ -73,7 +73,7 @@ def run_callbacks(worker: "BaseWorker", entries: list[Entry]) -> None:
                 e.error = sys.exc_info()  # type: ignore[assignment]
 
 
-def succeed(worker: "BaseWorker", entries: list[Entry], results_stream: str, results_maxlen: int, model: str) -> None:
+def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, results_maxlen: int, model: str) -> None:
     """Record the successful jobs (see module doc) and mirror each label to the results stream."""
     for e in entries:
         e.job._result = e.result
@@ -103,7 +103,9 @@ def succeed(worker: "BaseWorker", entries: list[Entry], results_stream: str, res
             slow += plain
             plain = []
     for e in slow:
-        worker.handle_job_success(job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution)
+        worker.handle_job_success(
+            job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution
+        )
         with worker.connection.pipeline() as pipe:
             _mirror(worker, e, pipe, results_stream, results_maxlen, model)
             pipe.execute()
@@ -111,7 +113,7 @@ def succeed(worker: "BaseWorker", entries: list[Entry], results_stream: str, res
         e.job.send_webhooks(JobStatus.FINISHED)
 
 
-def _record_success(worker: "BaseWorker", e: Entry, pipe) -> None:
+def _record_success(worker: BaseWorker, e: Entry, pipe) -> None:
     """BaseWorker.handle_job_success for a job without dependents, repeats or rate limit, into ``pipe``."""
     job = e.job
     worker.increment_successful_job_count(pipeline=pipe)
@@ -130,14 +132,19 @@ def _record_success(worker: "BaseWorker", e: Entry, pipe) -> None:
     worker.cleanup_execution(job, pipeline=pipe, execution=e.execution)
 
 
-def _mirror(worker: "BaseWorker", e: Entry, pipe, stream: str, maxlen: int, model: str) -> None:
+def _mirror(worker: BaseWorker, e: Entry, pipe, stream: str, maxlen: int, model: str) -> None:
     fields = result_fields(
-        e.job.id, e.pred, latency_ms=latency_ms(e.job), model=model, worker=worker.name, stream_id=rq_stream_id(e.job.id)
+        e.job.id,
+        e.pred,
+        latency_ms=latency_ms(e.job),
+        model=model,
+        worker=worker.name,
+        stream_id=rq_stream_id(e.job.id),
     )
     pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
 
 
-def fail_unstarted(worker: "BaseWorker", e: Entry) -> None:
+def fail_unstarted(worker: BaseWorker, e: Entry) -> None:
     """Fail a job check_job rejected, before anything of the batch is STARTED.
 
     The job never gets an Execution, a StartedJobRegistry entry or the STARTED status,
@@ -154,7 +161,7 @@ def fail_unstarted(worker: "BaseWorker", e: Entry) -> None:
         worker.connection.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
 
 
-def fail(worker: "BaseWorker", e: Entry) -> None:
+def fail(worker: BaseWorker, e: Entry) -> None:
     """RQ's failure path for one job (its failure callback already ran): exception handlers, handle_job_failure."""
     job, exc_info = e.job, e.error
     assert exc_info is not None

@@ -9,7 +9,8 @@ recognises the path and runs these checks and the engine on many jobs at once; a
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 CLASSIFY_PATH = "worker.rq_jobs.classify"  # the wire contract: job payloads name this path
 
@@ -24,13 +25,15 @@ def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: 
     Extra keys in the dict are ignored. Raises ``InvalidJob`` with a clear reason otherwise.
     """
     if kwargs:
-        raise InvalidJob(f"classify takes one positional ticket, not keyword arguments ({', '.join(sorted(map(str, kwargs)))})")
+        raise InvalidJob(
+            f"classify takes one positional ticket, not keyword arguments ({', '.join(sorted(map(str, kwargs)))})"
+        )
     if len(args) != 1:
         raise InvalidJob(f"classify takes exactly one ticket argument, got {len(args)}")
     ticket = args[0]
     if isinstance(ticket, Mapping):
         if "text" not in ticket:
-            raise InvalidJob("ticket has no 'text' field (expected {\"text\": \"...\"})")
+            raise InvalidJob('ticket has no \'text\' field (expected {"text": "..."})')
         text = ticket["text"]
     elif isinstance(ticket, str):
         text = ticket
@@ -42,7 +45,9 @@ def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: 
         raise InvalidJob("ticket text is empty")
     n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
     if n_bytes > max_text_bytes:
-        raise InvalidJob(f"ticket text is {n_bytes} bytes, over the {max_text_bytes}-byte limit (TRIAGE_MAX_TEXT_BYTES)")
+        raise InvalidJob(
+            f"ticket text is {n_bytes} bytes, over the {max_text_bytes}-byte limit (TRIAGE_MAX_TEXT_BYTES)"
+        )
     return text
 
 
@@ -74,5 +79,13 @@ def latency_ms(job) -> float | None:
 
 
 def _json_type(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        int: "number",
+        float: "number",
+        bool: "boolean",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)

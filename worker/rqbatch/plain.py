@@ -7,7 +7,8 @@ engine on many jobs at once.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from worker.rqbatch.payload import job_result, latency_ms, rq_stream_id, ticket_text
 
@@ -37,7 +38,13 @@ def classify_one(ticket: Mapping[str, Any] | str) -> dict[str, Any]:
     pred = clf.classify([item])[0][0]
     job = get_current_job()
     if job is not None:
-        fields = result_fields(job.id, pred, latency_ms=latency_ms(job), model=clf.model_name,
-                               worker=job.worker_name or "", stream_id=rq_stream_id(job.id))
+        fields = result_fields(
+            job.id,
+            pred,
+            latency_ms=latency_ms(job),
+            model=clf.model_name,
+            worker=job.worker_name or "",
+            stream_id=rq_stream_id(job.id),
+        )
         job.connection.xadd(settings.results_stream, fields, maxlen=settings.results_maxlen, approximate=True)
     return job_result(pred, clf.model_name)

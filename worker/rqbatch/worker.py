@@ -81,7 +81,9 @@ class BatchWorker(BaseWorker):
 
         route_transformers_logs()  # imported just now: its handlers go, its records take our chain
         if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
-            self.tlog.warning("rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer")
+            self.tlog.warning(
+                "rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer"
+            )
         self.allowed_callbacks = parse_allowed(self.settings.rq_allowed_callbacks)
         t0 = time.perf_counter()
         self.clf = build_classifier(self.settings)
@@ -192,7 +194,12 @@ class BatchWorker(BaseWorker):
         """RQ's exception-handler chain, logged without the job's arguments (they hold ticket text)."""
         exc = exc_info[1]
         self.log.error(
-            "Worker %s: job %s failed: %s: %s", self.name, job.id, type(exc).__name__, exc, extra={"queue": job.origin, "job_id": job.id}
+            "Worker %s: job %s failed: %s: %s",
+            self.name,
+            job.id,
+            type(exc).__name__,
+            exc,
+            extra={"queue": job.origin, "job_id": job.id},
         )
         call_exception_handlers(self._exc_handlers, job, *exc_info)
 

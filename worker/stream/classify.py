@@ -9,8 +9,8 @@ caller dead-letters them with it as the reason). Pure: no torch (the classifier 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
 
 from worker.engine.bucketing import Pass
 from worker.engine.types import PassStats, Prediction, Prepared, RunStats

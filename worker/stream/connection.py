@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-
 
 # Errors that mean "Redis is (temporarily) unreachable", not "the request is wrong".
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -31,7 +30,9 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
     # during a failover/restart Redis answers these before it is ready
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN"))
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(
+        ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
+    )
 
 
 def connect(url: str, *, socket_timeout_s: float = 15.0) -> redis.Redis:
@@ -85,4 +86,3 @@ class Backoff:
         """Back to the first delay; returns how many failures there were."""
         n, self.attempt = self.attempt, 0
         return n
-

@@ -13,7 +13,7 @@ itself lost is lost (docs/reliability.md, "Recovery point").
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import redis
 
@@ -51,7 +51,10 @@ class GroupGuard:
             start = self.source.ensure_group()
             self.epoch += 1
             self.log.warning(
-                "group_recreated", op=op, error=f"{type(error).__name__}: {error}", epoch=self.epoch,
+                "group_recreated",
+                op=op,
+                error=f"{type(error).__name__}: {error}",
+                epoch=self.epoch,
                 start_id=start if start is not None else "(recreated by another worker)",
                 note="windows read from the lost group are dropped; entries after the recovery point are "
                 "delivered again",

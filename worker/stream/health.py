@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -68,8 +68,12 @@ class Status:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"phase": self.phase, "phase_since_ms": self.phase_since_ms,
-                    "pass_started_at_ms": self.pass_started_at_ms, **self.counters}
+            return {
+                "phase": self.phase,
+                "phase_since_ms": self.phase_since_ms,
+                "pass_started_at_ms": self.pass_started_at_ms,
+                **self.counters,
+            }
 
 
 class Heartbeat:
@@ -96,8 +100,15 @@ class Keeper(threading.Thread):
       a prefetched window waiting for its turn, or a pass longer than the claim idle time, is not
       reclaimed by another worker. A frozen or dead process stops both, which is the point."""
 
-    def __init__(self, heartbeat: Heartbeat, status: Status, *, refresh: Callable[[], object] | None,
-                 refresh_interval_s: float, log):
+    def __init__(
+        self,
+        heartbeat: Heartbeat,
+        status: Status,
+        *,
+        refresh: Callable[[], object] | None,
+        refresh_interval_s: float,
+        log,
+    ):
         super().__init__(name="triage-keeper", daemon=True)
         self.heartbeat = heartbeat
         self.status = status

@@ -50,8 +50,13 @@ def run_worker(settings, *, drain: bool = False) -> int:
         return EXIT_REDIS if ready == "unreachable" else EXIT_CONFIG
 
     status = Status(on_phase=prometheus.current().set_phase)
-    heartbeat = Heartbeat(client, settings.heartbeat_key_prefix, settings.consumer, settings.heartbeat_ttl_s,
-                          {"stream": settings.input_stream, "group": settings.group, "model": settings.model})
+    heartbeat = Heartbeat(
+        client,
+        settings.heartbeat_key_prefix,
+        settings.consumer,
+        settings.heartbeat_ttl_s,
+        {"stream": settings.input_stream, "group": settings.group, "model": settings.model},
+    )
     keeper = Keeper(heartbeat, status, refresh=None, refresh_interval_s=settings.claim_idle_ms / 3000.0, log=log)
     keeper.start()  # phase "starting" while the model loads
     try:
@@ -73,11 +78,19 @@ def _load_model(settings, log):
     t0 = time.perf_counter()
     clf = build_classifier(settings)
     clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
-    log.info("model_loaded", model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, labels=list(clf.labels),
-             prefix_tokens=clf.prefix_length, load_ms=round((time.perf_counter() - t0) * 1000),
-             torch_threads=_torch_threads())
-    prometheus.current().set_model(model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name,
-                                   consumer=settings.consumer)
+    log.info(
+        "model_loaded",
+        model=clf.model_name,
+        device=str(clf.device),
+        dtype=clf.dtype_name,
+        labels=list(clf.labels),
+        prefix_tokens=clf.prefix_length,
+        load_ms=round((time.perf_counter() - t0) * 1000),
+        torch_threads=_torch_threads(),
+    )
+    prometheus.current().set_model(
+        model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, consumer=settings.consumer
+    )
     return clf
 
 
@@ -100,7 +113,13 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
             for name in (settings.input_stream, settings.results_stream, settings.dead_letter_stream):
                 kind = source.key_type(name)
                 if kind not in ("none", "stream"):
-                    log.error("wrong_key_type", key=name, type=kind, expected="stream", fix="rename the key or point TRIAGE_*_STREAM elsewhere")
+                    log.error(
+                        "wrong_key_type",
+                        key=name,
+                        type=kind,
+                        expected="stream",
+                        fix="rename the key or point TRIAGE_*_STREAM elsewhere",
+                    )
                     return "config"
             if backoff.reset():
                 log.info("redis_reconnected", op="setup")
@@ -113,17 +132,32 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 return "config"
             waited_s = time.monotonic() - t0
             if backoff.attempt == 0:
-                give_up = (f"; --drain gives up after {give_up_s:g} s (TRIAGE_DRAIN_REDIS_TIMEOUT_S)"
-                           if give_up_s else "")
-                log.warning("waiting_for_redis", redis_url=mask_url(settings.redis_url),
-                            error=f"{type(e).__name__}: {e}", note="the model is loaded once Redis answers" + give_up)
+                give_up = (
+                    f"; --drain gives up after {give_up_s:g} s (TRIAGE_DRAIN_REDIS_TIMEOUT_S)" if give_up_s else ""
+                )
+                log.warning(
+                    "waiting_for_redis",
+                    redis_url=mask_url(settings.redis_url),
+                    error=f"{type(e).__name__}: {e}",
+                    note="the model is loaded once Redis answers" + give_up,
+                )
             if give_up_s is not None and waited_s >= give_up_s:
-                log.error("redis_unreachable", redis_url=mask_url(settings.redis_url), waited_s=round(waited_s, 1),
-                          error=f"{type(e).__name__}: {e}",
-                          action="giving up (exit 3): check TRIAGE_REDIS_URL and that Redis is running")
+                log.error(
+                    "redis_unreachable",
+                    redis_url=mask_url(settings.redis_url),
+                    waited_s=round(waited_s, 1),
+                    error=f"{type(e).__name__}: {e}",
+                    action="giving up (exit 3): check TRIAGE_REDIS_URL and that Redis is running",
+                )
                 return "unreachable"
             delay = backoff.failed(shutdown.stop)
-            log.warning("redis_unavailable", op="setup", error=f"{type(e).__name__}: {e}", attempt=backoff.attempt, retried_after_s=round(delay, 2))
+            log.warning(
+                "redis_unavailable",
+                op="setup",
+                error=f"{type(e).__name__}: {e}",
+                attempt=backoff.attempt,
+                retried_after_s=round(delay, 2),
+            )
     return "stopped"
 
 
@@ -140,8 +174,20 @@ class _Loop:
     Hooks for metrics exporters: ``_on_pass`` (after each forward call) and ``_on_window`` (after a
     window is written and acked, or dropped)."""
 
-    def __init__(self, settings, clf, client, source: StreamSource, shutdown: Shutdown, log, drain: bool, *,
-                 status: Status, heartbeat: Heartbeat, keeper: Keeper):
+    def __init__(
+        self,
+        settings,
+        clf,
+        client,
+        source: StreamSource,
+        shutdown: Shutdown,
+        log,
+        drain: bool,
+        *,
+        status: Status,
+        heartbeat: Heartbeat,
+        keeper: Keeper,
+    ):
         self.s = settings
         self.clf = clf
         self.source = source
@@ -183,8 +229,9 @@ class _Loop:
             prefetch=settings.prefetch,
             on_reconnect=self._count_reconnect,
         )
-        self.writer = Writer(self._commit, on_written=self._on_written, on_window_done=self._on_window_done,
-                             max_queued=2)
+        self.writer = Writer(
+            self._commit, on_written=self._on_written, on_window_done=self._on_window_done, max_queued=2
+        )
         self.windows = 0
 
     def _count_reconnect(self) -> None:
@@ -206,8 +253,12 @@ class _Loop:
         self.keeper.refresh = self._refresh  # the keeper now also keeps this process's in-flight entries fresh
         self.reader.start()
         self.writer.start()
-        self.log.info("worker_ready", heartbeat_key=self.heartbeat.key, results_stream=self.s.results_stream,
-                      dead_letter_stream=self.s.dead_letter_stream)
+        self.log.info(
+            "worker_ready",
+            heartbeat_key=self.heartbeat.key,
+            results_stream=self.s.results_stream,
+            dead_letter_stream=self.s.dead_letter_stream,
+        )
         code, why = EXIT_OK, "stopped"
         while True:
             if self.status.phase != "idle":
@@ -243,8 +294,11 @@ class _Loop:
 
     def _writer_failed(self, e: BaseException) -> str:
         if isinstance(e, PartialWriteError):
-            self.log.error("wrong_key_type", error=str(e), action="stopping: nothing of that write was written; "
-                           "fix the key type, then restart")
+            self.log.error(
+                "wrong_key_type",
+                error=str(e),
+                action="stopping: nothing of that write was written; fix the key type, then restart",
+            )
             return "a results or dead-letter key holds another type"
         self.log.error("writer_crashed", error=f"{type(e).__name__}: {e}")
         return f"writer crashed: {type(e).__name__}: {e}"
@@ -257,8 +311,17 @@ class _Loop:
             self._drop(w)
             return
         self.windows += 1
-        job = WindowJob(w, WindowMetrics(window=self.windows, source=w.source, read_ms=w.read_ms,
-                                         tokenize_ms=w.tokenize_ms, backlog=w.backlog, pending=w.pending))
+        job = WindowJob(
+            w,
+            WindowMetrics(
+                window=self.windows,
+                source=w.source,
+                read_ms=w.read_ms,
+                tokenize_ms=w.tokenize_ms,
+                backlog=w.backlog,
+                pending=w.pending,
+            ),
+        )
         first = rejections(w, worker=self.s.consumer, excerpt_bytes=self.s.dead_letter_excerpt_bytes)
         plan = self.clf.plan(w.prepared) if w.prepared else []
         if not plan:
@@ -279,8 +342,14 @@ class _Loop:
             job.metrics.stats.merge(res.stats)
             job.metrics.split_retries += res.split_retries
             self._on_pass(job.metrics, k, res)
-            out, _ = pass_outcome(w, res.indices, res.predictions, model=self.clf.model_name, worker=self.s.consumer,
-                                  excerpt_bytes=self.s.dead_letter_excerpt_bytes)
+            out, _ = pass_outcome(
+                w,
+                res.indices,
+                res.predictions,
+                model=self.clf.model_name,
+                worker=self.s.consumer,
+                excerpt_bytes=self.s.dead_letter_excerpt_bytes,
+            )
             if k == 0:
                 out = Outcome(out.results, first.dead_letters + out.dead_letters, first.ack_ids + out.ack_ids)
             self._put(PassWrite(job, out, last=k == len(plan) - 1))
@@ -291,8 +360,12 @@ class _Loop:
     def _on_pass(self, m: WindowMetrics, index: int, res: PassResult) -> None:
         """After each forward call (main thread)."""
         if res.split_retries:
-            self.log.warning("pass_failed_split", window=m.window, items=len(res.indices),
-                             failed_alone=sum(isinstance(p, Exception) for p in res.predictions))
+            self.log.warning(
+                "pass_failed_split",
+                window=m.window,
+                items=len(res.indices),
+                failed_alone=sum(isinstance(p, Exception) for p in res.predictions),
+            )
         self.log.info("pass", **pass_line(m.window, index, res.stats, split_retries=res.split_retries))
         prometheus.current().on_pass(res.stats)
 
@@ -303,8 +376,13 @@ class _Loop:
         m.dead_lettered += len(written.dead_letters)
         m.latencies_ms += [float(r["latency_ms"]) for r in written.results if "latency_ms" in r]
         for d in written.dead_letters:
-            self.log.warning("dead_lettered", stream_id=d["stream_id"], id=d.get("id"), reason=d["reason"],
-                             deliveries=int(d["deliveries"]))
+            self.log.warning(
+                "dead_lettered",
+                stream_id=d["stream_id"],
+                id=d.get("id"),
+                reason=d["reason"],
+                deliveries=int(d["deliveries"]),
+            )
         prometheus.current().on_written(written)
 
     def _on_window_done(self, job: WindowJob) -> None:
@@ -322,8 +400,13 @@ class _Loop:
 
     def _drop(self, w: Window) -> None:
         """A window read from a consumer group that is gone: its entries cannot be acked, so nothing more is written."""
-        self.log.warning("window_dropped", entries=len(w.ids), source=w.source, reason="consumer group lost",
-                         note="entries still in the stream after the recovery point are delivered again")
+        self.log.warning(
+            "window_dropped",
+            entries=len(w.ids),
+            source=w.source,
+            reason="consumer group lost",
+            note="entries still in the stream after the recovery point are delivered again",
+        )
         self.reader.settled(w)
 
     def _maybe_summary(self, force: bool = False) -> None:
@@ -342,9 +425,12 @@ class _Loop:
             try:
                 written = self.sink.write(outcome)
                 if written.not_ours:
-                    self.log.warning("entries_not_ours_anymore", count=len(written.not_ours), retry=backoff.attempt,
-                                     note="acked by an earlier attempt, or reclaimed by another worker: "
-                                     "not written again")
+                    self.log.warning(
+                        "entries_not_ours_anymore",
+                        count=len(written.not_ours),
+                        retry=backoff.attempt,
+                        note="acked by an earlier attempt, or reclaimed by another worker: not written again",
+                    )
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")
                 return written.outcome
@@ -359,9 +445,14 @@ class _Loop:
                         e = again
                 self._count_reconnect()
                 delay = backoff.failed()
-                self.log.warning("redis_unavailable" if is_transient(e) else "write_failed", op="write",
-                                 error=f"{type(e).__name__}: {e}", attempt=backoff.attempt, retried_after_s=round(delay, 2),
-                                 entries=len(w.ids))
+                self.log.warning(
+                    "redis_unavailable" if is_transient(e) else "write_failed",
+                    op="write",
+                    error=f"{type(e).__name__}: {e}",
+                    attempt=backoff.attempt,
+                    retried_after_s=round(delay, 2),
+                    entries=len(w.ids),
+                )
 
     # -------------------------------------------------------------- shutdown
     def _finish(self, why: str) -> None:
@@ -375,5 +466,10 @@ class _Loop:
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))
         totals = self.status.snapshot()
-        self.log.info("worker_stopped", reason=why, windows=self.windows, items=totals["items"],
-                      dead_lettered=totals["dead_lettered"])
+        self.log.info(
+            "worker_stopped",
+            reason=why,
+            windows=self.windows,
+            items=totals["items"],
+            dead_lettered=totals["dead_lettered"],
+        )

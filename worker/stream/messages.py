@@ -8,8 +8,9 @@ instead of an exception that stops the worker. Never raises on any input.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 KNOWN_FIELDS = ("text", "id", "subject", "meta")
 MAX_ID_BYTES = 256  # the id becomes part of a Redis key name
@@ -41,7 +42,9 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
     """Validate one entry's flat fields. Unknown fields are ignored (they stay in the dead-letter payload)."""
     sid = as_text(stream_id)
     if not fields:
-        return Rejected(sid, None, "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)")
+        return Rejected(
+            sid, None, "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)"
+        )
     named: dict[str, Any] = {}
     for k, v in fields.items():
         name = k.decode("utf-8", errors="replace") if isinstance(k, bytes) else k if isinstance(k, str) else None
@@ -59,13 +62,17 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
             return Rejected(sid, None, why)
 
     if "text" not in named:
-        return Rejected(sid, ticket_id, "the entry has no 'text' field; every ticket needs one (XADD <stream> * text \"...\")")
+        return Rejected(
+            sid, ticket_id, "the entry has no 'text' field; every ticket needs one (XADD <stream> * text \"...\")"
+        )
     text_size = _size(named["text"])
     subject_size = _size(named.get("subject", b""))
     if text_size + subject_size > max_text_bytes:
         what = "text" if "subject" not in named else "subject + text"
         return Rejected(
-            sid, ticket_id, f"{what} is {text_size + subject_size} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)"
+            sid,
+            ticket_id,
+            f"{what} is {text_size + subject_size} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)",
         )
     text = _decode(named["text"], "text")
     if isinstance(text, Rejected):
@@ -83,7 +90,11 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
     meta: str | None = None
     if "meta" in named:
         if _size(named["meta"]) > max_text_bytes:
-            return Rejected(sid, ticket_id, f"meta is {_size(named['meta'])} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)")
+            return Rejected(
+                sid,
+                ticket_id,
+                f"meta is {_size(named['meta'])} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)",
+            )
         got = _decode(named["meta"], "meta")
         if isinstance(got, Rejected):
             return Rejected(sid, ticket_id, got.reason)
@@ -115,7 +126,9 @@ def _decode(v: Any, name: str) -> str | Rejected:
             return bytes(v).decode("utf-8")
         except UnicodeDecodeError as e:
             bad = bytes(v)[e.start : e.start + 1].hex()
-            return Rejected("", None, f"{name} is not valid UTF-8 (byte 0x{bad} at position {e.start}); send UTF-8 encoded text")
+            return Rejected(
+                "", None, f"{name} is not valid UTF-8 (byte 0x{bad} at position {e.start}); send UTF-8 encoded text"
+            )
     if isinstance(v, (int, float)):  # only from in-process callers; Redis hands back bytes
         return str(v)
     return Rejected("", None, f"{name} must be a string, got {type(v).__name__}")
@@ -128,8 +141,10 @@ def _bad_id(ticket_id: str) -> str | None:
         return f"id is longer than {MAX_ID_BYTES} bytes"
     for pos, c in enumerate(ticket_id):
         if _is_control(c):
-            return (f"id contains control characters (U+{ord(c):04X} at position {pos}; newline, tab, NUL, DEL and "
-                    "U+0080-U+009F are not allowed)")
+            return (
+                f"id contains control characters (U+{ord(c):04X} at position {pos}; newline, tab, NUL, DEL and "
+                "U+0080-U+009F are not allowed)"
+            )
     return None
 
 
@@ -143,11 +158,13 @@ def _bad_meta(meta: str) -> str | None:
     try:
         value = json.loads(meta)
     except RecursionError:  # valid or not, the parser gave up on the depth before it could tell
-        return ("meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); "
-                "send a flatter JSON object")
+        return (
+            "meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); "
+            "send a flatter JSON object"
+        )
     except ValueError as e:
         detail = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
-        return f"meta is not valid JSON ({detail}); send a JSON object such as {{\"customer\": 42}} or omit it"
+        return f'meta is not valid JSON ({detail}); send a JSON object such as {{"customer": 42}} or omit it'
     if not isinstance(value, dict):
         return f"meta must be a JSON object, got a JSON {_json_kind(value)}"
     return None

@@ -14,9 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Sequence
-
-import redis
+from collections.abc import Callable, Sequence
 
 from worker.stream.connection import Backoff, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
@@ -158,7 +156,9 @@ class Reader(threading.Thread):
         self._partial, self._read_ms = [], 0.0
         source = "new"
         self._epoch = self.guard.epoch
-        read_start_s = time.monotonic()  # before any entry is delivered: a stall from here on counts toward the reclaim clock
+        read_start_s = (
+            time.monotonic()
+        )  # before any entry is delivered: a stall from here on counts toward the reclaim clock
         try:
             source, entries = self._read()
             failures = self.backoff.reset()
@@ -194,15 +194,25 @@ class Reader(threading.Thread):
                 if fresh:
                     return "pending", fresh
             if time.monotonic() >= self._next_claim_s:
-                got, self._claim_cursor, deleted = self.source.autoclaim(self._claim_cursor, self.max_items, self.claim_idle_ms)
+                got, self._claim_cursor, deleted = self.source.autoclaim(
+                    self._claim_cursor, self.max_items, self.claim_idle_ms
+                )
                 if deleted:
-                    self.log.warning("claimed_entries_deleted", count=len(deleted), note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them")
+                    self.log.warning(
+                        "claimed_entries_deleted",
+                        count=len(deleted),
+                        note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them",
+                    )
                 if self._claim_cursor == "0-0":
                     self._next_claim_s = time.monotonic() + self._claim_interval_s
                 fresh = self._take(got)
                 if got:  # in_hand: our own window, idle so long that we re-claimed it from ourselves (or from a stale claimer)
-                    self.log.info("entries_claimed", count=len(got), in_hand=len(got) - len(fresh),
-                                  max_deliveries_seen=max(e.deliveries for e in got))
+                    self.log.info(
+                        "entries_claimed",
+                        count=len(got),
+                        in_hand=len(got) - len(fresh),
+                        max_deliveries_seen=max(e.deliveries for e in got),
+                    )
                 if fresh:
                     return "claimed", fresh
             return "new", self._drain_new()
@@ -240,12 +250,23 @@ class Reader(threading.Thread):
                 e = again
         if is_transient(e):
             delay = self.backoff.failed(self.stop)
-            self.log.warning("redis_unavailable", op="read", error=f"{type(e).__name__}: {e}", attempt=self.backoff.attempt, retried_after_s=round(delay, 2))
+            self.log.warning(
+                "redis_unavailable",
+                op="read",
+                error=f"{type(e).__name__}: {e}",
+                attempt=self.backoff.attempt,
+                retried_after_s=round(delay, 2),
+            )
             if self.on_reconnect:
                 self.on_reconnect()
         else:
             delay = self.backoff.failed(self.stop)
-            self.log.error("read_failed", error=f"{type(e).__name__}: {e}", attempt=self.backoff.attempt, retried_after_s=round(delay, 2))
+            self.log.error(
+                "read_failed",
+                error=f"{type(e).__name__}: {e}",
+                attempt=self.backoff.attempt,
+                retried_after_s=round(delay, 2),
+            )
 
     def _drained(self) -> bool:
         if len(self.in_flight):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from worker.engine.types import Prediction
 
@@ -98,8 +99,10 @@ def payload_excerpt(payload: Mapping[Any, Any], limit_bytes: int) -> tuple[str, 
         return whole, False
     cap = limit_bytes
     while cap > 0:
-        cut = {name[:_EXCERPT_MAX_NAME]: value if len(value) <= cap else value[:cap] + "…"
-               for name, value in pairs[:_EXCERPT_MAX_FIELDS]}
+        cut = {
+            name[:_EXCERPT_MAX_NAME]: value if len(value) <= cap else value[:cap] + "…"
+            for name, value in pairs[:_EXCERPT_MAX_FIELDS]
+        }
         if len(pairs) > _EXCERPT_MAX_FIELDS:
             cut["…"] = f"{len(pairs) - _EXCERPT_MAX_FIELDS} more fields"
         text = json.dumps(cut, ensure_ascii=False)

@@ -66,7 +66,9 @@ local function needed_from(stream, group, last_delivered)
 end
 """
 
-SETTLE = _ID_HELPERS + r"""
+SETTLE = (
+    _ID_HELPERS
+    + r"""
 -- KEYS[1] input stream, KEYS[2] results stream, KEYS[3] dead-letter stream, KEYS[4] recovery-point key,
 -- KEYS[5..] the latest-result key of each record that has one, in record order.
 -- ARGV[1] group, ARGV[2] consumer ('' = no ownership check), ARGV[3] results maxlen, ARGV[4] dead-letter maxlen,
@@ -165,9 +167,12 @@ if consumer ~= '' then
 end
 return out
 """
+)
 
 
-REFRESH = _ID_HELPERS + r"""
+REFRESH = (
+    _ID_HELPERS
+    + r"""
 -- Reset the idle time of the entries this consumer still holds, so no other worker reclaims them
 -- while it is alive: XCLAIM <min-idle 0> ... JUSTID by the owner (JUSTID: the delivery count stays).
 -- Atomic with the ownership check, so an entry another worker claimed in the meantime is never
@@ -200,6 +205,7 @@ for s = 1, #ids, 1000 do
 end
 return #ids
 """
+)
 
 
 class Script:

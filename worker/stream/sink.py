@@ -46,7 +46,7 @@ class Outcome:
     dead_letters: list[dict[str, str]] = field(default_factory=list)  # dead_letter_fields() records
     ack_ids: list[str] = field(default_factory=list)  # every input entry id this outcome settles
 
-    def only(self, ids: set[str]) -> "Outcome":
+    def only(self, ids: set[str]) -> Outcome:
         """The part of this outcome for entries in ``ids`` (the rest was settled elsewhere)."""
         return Outcome(
             results=[r for r in self.results if r.get("stream_id") in ids],
@@ -103,10 +103,22 @@ class ResultSink:
         With a ``consumer``, only entries still pending on it are written and acked."""
         if not outcome:
             return Written(Outcome(), [])
-        keys = [self.input_stream, self.results_stream, self.dead_letter_stream,
-                recovery_key(self.input_stream, self.group)]
-        args: list = [self.group, self.consumer or "", self.results_maxlen, self.dead_letter_maxlen, self.result_ttl_s,
-                      1 if self.trim_input else 0, len(outcome.ack_ids), *outcome.ack_ids]
+        keys = [
+            self.input_stream,
+            self.results_stream,
+            self.dead_letter_stream,
+            recovery_key(self.input_stream, self.group),
+        ]
+        args: list = [
+            self.group,
+            self.consumer or "",
+            self.results_maxlen,
+            self.dead_letter_maxlen,
+            self.result_ttl_s,
+            1 if self.trim_input else 0,
+            len(outcome.ack_ids),
+            *outcome.ack_ids,
+        ]
         for kind, rec in _records(outcome):
             key_value = ""
             if "id" in rec:  # a caller waiting on this ticket learns its result, or that it never gets one and why

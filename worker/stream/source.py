@@ -92,7 +92,9 @@ class StreamSource:
 
         Returns (entries now ours, next cursor ("0-0" = scan complete), ids that were
         pending but deleted from the stream; Redis drops those from the PEL itself)."""
-        reply = self.client.xautoclaim(self.stream, self.group, self.consumer, min_idle_ms, start_id=cursor, count=count)
+        reply = self.client.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_ms, start_id=cursor, count=count
+        )
         next_cursor, claimed = as_text(reply[0]), reply[1] or []
         deleted = [as_text(i) for i in reply[2]] if len(reply) > 2 and reply[2] else []
         entries = [RawEntry(as_text(i), f, 0, "claimed") for i, f in claimed if i is not None]

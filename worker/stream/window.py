@@ -7,8 +7,8 @@ Everything here is decided per entry, so one bad entry never affects its neighbo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from worker.engine.types import InvalidTicket, Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
@@ -26,7 +26,9 @@ class Window:
     rejected: list[tuple[RawEntry, str | None, str]] = field(default_factory=list)  # (entry, ticket id, reason)
     read_ms: float = 0.0
     tokenize_ms: float = 0.0
-    read_started_s: float = 0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
+    read_started_s: float = (
+        0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
+    )
     backlog: int | None = None
     pending: int | None = None
     epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
@@ -93,8 +95,9 @@ def to_outcome(
     excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES,
 ) -> tuple[Outcome, list[float]]:
     """The whole window at once: ``rejections`` + ``pass_outcome`` for every ticket (predictions in ticket order)."""
-    out, latencies = pass_outcome(w, range(len(w.tickets)), predictions, model=model, worker=worker, now_ms=now_ms,
-                                  excerpt_bytes=excerpt_bytes)
+    out, latencies = pass_outcome(
+        w, range(len(w.tickets)), predictions, model=model, worker=worker, now_ms=now_ms, excerpt_bytes=excerpt_bytes
+    )
     rejected = rejections(w, worker=worker, excerpt_bytes=excerpt_bytes)
     return Outcome(out.results, out.dead_letters + rejected.dead_letters, w.ids), latencies
 
@@ -127,7 +130,15 @@ def pass_outcome(
         latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
         latencies.append(latency)
         out.results.append(
-            result_fields(ticket.ticket_id, pred, latency_ms=latency, model=model, worker=worker, meta=ticket.meta, stream_id=ticket.stream_id)
+            result_fields(
+                ticket.ticket_id,
+                pred,
+                latency_ms=latency,
+                model=model,
+                worker=worker,
+                meta=ticket.meta,
+                stream_id=ticket.stream_id,
+            )
         )
     return out, latencies
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from worker.stream.metrics import WindowMetrics
 from worker.stream.sink import Outcome
@@ -42,9 +42,14 @@ class PassWrite:
 
 
 class Writer(threading.Thread):
-    def __init__(self, commit: Callable[[Outcome, Window], Outcome | None], *,
-                 on_written: Callable[[WindowJob, Outcome], None], on_window_done: Callable[[WindowJob], None],
-                 max_queued: int = 2):
+    def __init__(
+        self,
+        commit: Callable[[Outcome, Window], Outcome | None],
+        *,
+        on_written: Callable[[WindowJob, Outcome], None],
+        on_window_done: Callable[[WindowJob], None],
+        max_queued: int = 2,
+    ):
         super().__init__(name="triage-writer", daemon=True)
         self.commit = commit  # write + ack what is still ours, retrying; None if the group was lost
         self.on_written = on_written

@@ -1,0 +1,136 @@
+"""A worker frozen (SIGSTOP) longer than TRIAGE_CLAIM_IDLE_MS while holding a window: another
+worker reclaims its pending entries (XAUTOCLAIM) and classifies them. When the frozen one
+resumes (SIGCONT) it must not lose or corrupt anything, and should not write a stale second
+result for entries it no longer owns.
+
+Defined behaviour (loop.py ``_commit``): a window older than half the claim idle time is
+checked against XPENDING before writing; entries no longer pending on this consumer are
+dropped from the write ("entries_not_ours_anymore"). Results and their XACK are one
+MULTI/EXEC, so whoever acks an entry has written its result: a stale writer can add a
+duplicate, never lose a ticket.
+
+The freeze is placed deterministically in the worst spot: right after the worker read a
+window of large tickets, while it parses and tokenizes them (a GC pause, swap or CPU
+starvation there looks the same).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from tests.integration.chaos.conftest import worker_env
+from tests.integration.chaos.harness import pending_of, push, record, sized, synth_tickets, tally, wait_until
+
+GROUP = "triage"
+
+
+def _pending_ids(client, stream: str, consumer: str) -> set[str]:
+    rows = client.xpending_range(stream, GROUP, min="-", max="+", count=10_000, consumername=consumer)
+    return {r["message_id"].decode() for r in rows}
+
+
+def _big_tickets(k: int, size: int = 60_000) -> list[dict]:
+    """Tickets near TRIAGE_MAX_TEXT_BYTES: tokenizing a window of them takes a while (truncated afterwards)."""
+    words = " ".join(t["text"] for t in synth_tickets(200, seed=8)).split()
+    out = []
+    for i in range(k):
+        text, j, length = [], i, 0
+        while length < size:
+            word = words[j % len(words)]
+            text.append(word)
+            length += len(word) + 1
+            j += 7
+        out.append({"id": f"big-{i}", "text": " ".join(text)[:size]})
+    return out
+
+
+def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis, tiny_model_dir, tmp_path):
+    n = sized(60, 2000)
+    batch = 16
+    claim_idle_ms = 2000
+    env = worker_env(
+        tiny_model_dir,
+        chaos_redis.url(),
+        tmp_path,
+        TRIAGE_WINDOW_MAX_ITEMS=batch,
+        TRIAGE_PASS_MAX_ITEMS=batch,
+        TRIAGE_MAX_WAIT_MS=0,
+        TRIAGE_CLAIM_IDLE_MS=claim_idle_ms,
+        TRIAGE_MAX_INPUT_TOKENS=64,
+    )
+    client = chaos_redis.client()
+    stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
+    big = _big_tickets(batch)
+    tickets = synth_tickets(n, seed=3, prefix="slow")
+
+    with (
+        launch({**env, "TRIAGE_CONSUMER": "slow-a"}, ready=False) as a,
+        launch({**env, "TRIAGE_CONSUMER": "fast-b"}, ready=False) as b,
+    ):
+        a.wait_ready()
+        b.wait_ready()
+        b.signal(signal.SIGSTOP)  # B waits frozen until A holds the window
+        pipe = client.pipeline(transaction=True)  # all at once: A's next read takes the whole window
+        for fields in big:
+            pipe.xadd(stream, fields)
+        pipe.execute()
+        wait_until(
+            lambda: pending_of(client, stream, GROUP).get("slow-a", 0) > 0,
+            timeout_s=60,
+            interval_s=0.005,
+            what="A to read the window",
+        )
+        a.signal(signal.SIGSTOP)  # A is now parsing / tokenizing 16 x 60 kB
+        time.sleep(0.2)  # a transaction A had already sent lands before we look
+        frozen = _pending_ids(client, stream, "slow-a")
+        written_before = client.xlen(results)
+        assert frozen and written_before == 0, "A finished its window before the freeze (box too fast?)"
+        t_frozen = time.monotonic()
+        push(client, stream, tickets)
+        b.signal(signal.SIGCONT)
+        # B classifies everything, A's frozen window included (after claim_idle_ms of idleness)
+        all_ids = [t["id"] for t in big + tickets]
+        wait_until(
+            lambda: not tally(client, results, dead, all_ids).lost,
+            timeout_s=sized(240, 900),
+            interval_s=0.5,
+            what="B to finish every ticket, the frozen ones included",
+        )
+        assert time.monotonic() - t_frozen > claim_idle_ms / 1000
+        assert not _pending_ids(client, stream, "slow-a")
+        a.signal(signal.SIGCONT)
+        a.wait_for(
+            lambda e: e.get("event") in ("window", "window_dropped"), timeout_s=120
+        )  # A finished the window it held (written or dropped)
+        time.sleep(0.5)
+        assert a.stop() == 0, a.stderr_tail()
+        assert b.stop() == 0, b.stderr_tail()
+
+    t = tally(client, results, dead, all_ids)
+    assert t.lost == [] and not t.dead
+    writers: dict[str, list[str]] = {}
+    for _sid, f in client.xrange(results, "-", "+"):
+        writers.setdefault(f[b"stream_id"].decode(), []).append(f[b"worker"].decode())
+    claimed = b.events("entries_claimed")
+    dropped = sum(e["count"] for e in a.events("entries_not_ours_anymore"))
+    stale = {sid: w for sid, w in writers.items() if sid in frozen and w != ["fast-b"]}
+    record(
+        "slow_consumer",
+        tickets=len(all_ids),
+        frozen_entries=len(frozen),
+        reclaimed=sum(e["count"] for e in claimed),
+        stale_writes_dropped=dropped,
+        stale_results_written=sum(len(w) - 1 for w in stale.values()),
+        duplicates=t.duplicates,
+        lost=len(t.lost),
+        results_by_worker=dict(t.workers),
+    )
+    assert sum(e["count"] for e in claimed) >= len(frozen)
+    assert client.xpending(stream, GROUP)["pending"] == 0
+    # each frozen entry was written exactly once, by the worker that reclaimed it
+    assert stale == {}, (
+        f"{len(stale)} of {len(frozen)} reclaimed entries got a second, stale result from the resumed worker "
+        f"(e.g. {next(iter(stale.items()))}); it dropped {dropped}. See docs/reliability.md, 'Slow consumers'."
+    )
+    assert dropped >= len(frozen)

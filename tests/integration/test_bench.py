@@ -1,0 +1,237 @@
+"""triage-bench: the modes run the real engine on the same tickets and the figures add up.
+
+Tiny random model (fp32, CPU): every mode must give mode 1's labels exactly
+(padding and the prefix cache may not change answers), token counts must follow
+from the plans, and the JSON/PNG outputs must exist with the documented keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from worker.bench import cli, workload
+from worker.bench.gemm import ModelShape, computed_flops, row_flops, work_flops
+from worker.engine import bucketing
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def bench_doc(tiny_model_dir, tmp_path_factory):
+    import torch
+
+    out = tmp_path_factory.mktemp("bench")
+    threads = torch.get_num_threads()
+    # the few-shot run scores with the start-up head; under the default labels-only head prompt its prefix would hold
+    # no examples: the whole task prompt keeps "the examples live in the prefix" measurable here
+    saved = os.environ.get("TRIAGE_HEAD_PROMPT")
+    os.environ["TRIAGE_HEAD_PROMPT"] = "task"
+    try:
+        rc = _run_bench(out, tiny_model_dir)
+    finally:
+        if saved is None:
+            os.environ.pop("TRIAGE_HEAD_PROMPT", None)
+        else:
+            os.environ["TRIAGE_HEAD_PROMPT"] = saved
+    assert rc == 0
+    assert torch.get_num_threads() == threads  # the bench pins 1 thread on CPU, then restores the caller's
+    return json.loads((out / "b.json").read_text()), out
+
+
+def _run_bench(out, tiny_model_dir):
+    return cli.main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp32",
+            "--n",
+            str(N),
+            "--fixed-batch",
+            "4",
+            "--pass-max-items",
+            "4",
+            "--prompt",
+            "both",
+            "--sweep",
+            "--sweep-items",
+            "1,4",
+            "--sweep-tokens",
+            "4096",
+            "--gemm-tokens",
+            "32",
+            "--json",
+            str(out / "b.json"),
+            "--plot",
+            str(out / "b.png"),
+            "--no-progress",
+        ]
+    )
+
+
+def test_every_mode_agrees_with_sequential_and_counts_add_up(bench_doc):
+    doc, _ = bench_doc
+    assert doc["schema"] == "triage-bench/2"
+    assert [r["prompt"] for r in doc["runs"]] == ["few-shot", "zero-shot"]
+    few, zero = doc["runs"]
+    assert zero["prefix_tokens"] < few["prefix_tokens"]  # the examples live in the prefix
+    for run in doc["runs"]:
+        modes = {m["key"]: m for m in run["modes"]}
+        assert list(modes) == ["sequential", "global_pad", "arrival", "bucketed", "bucketed_cached"]
+        work = sum(run["suffix_tokens"])
+        prefix = run["prefix_tokens"]
+        for m in modes.values():
+            assert m["items"] == N
+            assert m["label_agreement"] == 1.0, m["key"]
+            assert m["max_abs_dprob"] < 1e-4, m["key"]
+            t = m["tokens"]
+            assert t["work"] == work
+            assert t["computed"] >= t["real"] >= t["work"]
+            assert t["computed"] == t["real"] + t["padding"]
+            assert m["flops"]["computed"] >= m["flops"]["work"] > 0
+        seq = modes["sequential"]
+        assert seq["passes"] == N and seq["tokens"]["padding"] == 0
+        assert seq["tokens"]["real"] == work + N * prefix  # the prefix is re-computed for every ticket
+        glob = modes["global_pad"]
+        assert glob["tokens"]["computed"] == N * glob["pad_to"] == N * (prefix + max(run["suffix_tokens"]))
+        cached = modes["bucketed_cached"]
+        assert cached["tokens"]["prefix_recomputed"] == 0 and cached["tokens"]["real"] == work
+        assert cached["tokens"]["computed"] < modes["bucketed"]["tokens"]["computed"]
+        assert modes["bucketed"]["padding_pct"] <= modes["arrival"]["padding_pct"]
+        assert sum(b["items"] for b in run["buckets"]) == N
+        assert [r["pass_max_items"] for r in run["sweep"]] == [1, 4]
+        assert run["sweep"][0]["passes"] == N
+
+
+def test_json_has_hardware_workload_gemm_and_a_png(bench_doc):
+    doc, out = bench_doc
+    hw = doc["hardware"]
+    assert hw["device"] == "cpu" and hw["dtype"] == "fp32" and hw["cpu_cores"] >= 1 and hw["torch_threads"] == 1
+    assert doc["workload"]["n"] == N and doc["workload"]["source"] == "synthetic(seed=0)"
+    assert doc["gemm"]["flops_per_s"] > 0 and [s["name"] for s in doc["gemm"]["shapes"]] == [
+        "q",
+        "k",
+        "v",
+        "o",
+        "gate",
+        "up",
+        "down",
+    ]
+    assert (out / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_flop_counts_follow_the_documented_formula(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    shape = ModelShape.from_model(model)
+    emb = model.get_input_embeddings().weight.numel()
+    assert (
+        shape.non_embedding_params == sum(p.numel() for p in model.parameters()) - emb
+    )  # tied head: not counted twice
+    n, a, layers = shape.non_embedding_params, shape.attn_width, shape.layers
+    # 3 suffix tokens after a 10-token cached prefix attend to 11, 12, 13 keys
+    assert row_flops(shape, 3, past=10) == 2 * n * 3 + 4 * layers * a * (11 + 12 + 13)
+    assert work_flops(shape, 10, [3, 1]) == row_flops(shape, 3, 10) + row_flops(shape, 1, 10)
+    batch = bucketing.Pass((0, 1), (3, 1))  # the 1-token row is padded to 3
+    assert computed_flops(shape, [batch], 10, cached=True) == 2 * row_flops(shape, 3, 10)
+    assert computed_flops(shape, [batch], 10, cached=True, pad_to=5) == 2 * row_flops(shape, 5, 10)
+
+
+def test_input_files_jsonl_and_csv(tmp_path):
+    rows = [{"text": f"ticket number {i}", "label": "billing" if i % 2 else "other"} for i in range(10)]
+    jl = tmp_path / "t.jsonl"
+    jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    w = workload.from_file(jl, n=4, seed=1)
+    assert w.n == 4 and len(set(w.texts)) == 4
+    assert list(w.texts) == sorted(w.texts, key=lambda t: int(t.split()[-1]))  # sampled, kept in file order
+    assert workload.from_file(jl, n=None).texts == tuple(r["text"] for r in rows)
+    csv = tmp_path / "t.csv"
+    csv.write_text('id,text\n1,"hello, world"\n2,\n3,second\n')
+    assert workload.from_file(csv, n=None).texts == ("hello, world", "second")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,body\n1,x\n")
+    with pytest.raises(ValueError, match="text"):
+        workload.from_file(bad, n=None)
+
+
+def test_bad_arguments_exit_2_before_loading_anything(capsys):
+    assert cli.main(["--modes", "7"]) == 2
+    assert cli.main(["--sweep", "--sweep-items", "0"]) == 2
+    assert "--modes" in capsys.readouterr().err
+
+
+def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, key_prefix):
+    """Enqueue, run `python -m worker run --drain` as a subprocess, read the results stream."""
+    import redis
+
+    from worker.bench.modes import MODES, run_mode, run_redis
+    from worker.engine.task import default_task
+    from worker.settings import Settings
+
+    settings = Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", redis_url=redis_url, window_max_items=4)
+    ((_, clf),) = cli.build_classifiers(settings, [("few-shot", default_task())])
+    texts = workload.synthetic(5).texts
+    seq = run_mode(clf, clf.prepare_valid(list(texts)), MODES["sequential"], 4)
+    out = run_redis(settings, texts, clf.dtype_name, {"sequential": seq}, timeout_s=120, namespace=key_prefix)
+    assert out.get("error") is None, out.get("error")
+    assert out["results"] == 5 and out["dead_lettered"] == 0 and out["worker_windows"] == 2  # windows of 4 + 1
+    assert out["agreement"]["sequential"]["label_agreement"] == 1.0
+    assert out["items_per_s"] > 0 and 0 < out["infer_s"] <= out["wall_s"] and 0 <= out["queue_overhead_pct"] < 100
+    assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))  # cleaned up
+
+
+def test_packed_mode5_with_subsampled_baselines(tiny_model_dir, tmp_path, monkeypatch):
+    """The GPU script's shape of run, on the CPU: mode 5 packed over every ticket, modes 1-4 padded on the first N."""
+    monkeypatch.setenv("TRIAGE_SCORER", "prompt")
+    out = tmp_path / "p.json"
+    rc = cli.main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp32",
+            "--n",
+            "8",
+            "--fixed-batch",
+            "2",
+            "--attention",
+            "packed",
+            "--sequential-n",
+            "3",
+            "--baseline-n",
+            "5",
+            "--no-interleave",
+            "--gemm-tokens",
+            "32",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["complete"]
+    assert doc["settings"]["attention"] == "packed" and doc["settings"]["attention_kernel"] == "torch"
+    modes = {m["key"]: m for m in doc["runs"][0]["modes"]}
+    assert modes["sequential"]["items"] == 3 and modes["sequential"]["subsample"] == 3
+    for k in ("global_pad", "arrival", "bucketed"):
+        assert modes[k]["items"] == 5 and modes[k]["attention"] == "padded"
+    m5 = modes["bucketed_cached"]
+    assert m5["items"] == 8 and m5["subsample"] is None and m5["attention"] == "packed"
+    assert m5["title"].startswith("5 packed")
+    assert m5["tokens"]["computed"] == m5["tokens"]["real"] == m5["tokens"]["work"]  # no padding, prefix not recomputed
+    assert m5["label_agreement"] == 1.0 and m5["max_abs_dprob"] < 1e-5  # over the 3 tickets mode 1 ran
+    clocks = m5["clocks"]
+    assert len(clocks["passes"]) == m5["passes"] and clocks["gpu_s"] is None  # no device clock on the CPU
+    assert sum(p["items"] for p in clocks["passes"]) == 8
+    assert m5["speedup_vs_sequential"] == pytest.approx(
+        m5["items_per_s"] / modes["sequential"]["items_per_s"], rel=1e-9
+    )  # per-ticket rates

@@ -1,0 +1,263 @@
+"""Operators' view of a running group, end to end: two real worker processes (tiny model) on one
+stream, each serving Prometheus metrics, scraped over HTTP; ``triage-worker status`` run as a
+subprocess against the same Redis; a "ghost" consumer that read entries and died.
+
+The workers are module-scoped (start-up is the slow part); every test leaves them running.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.worker_proc import (
+    REPO,
+    WorkerProc,
+    delete_keys,
+    env_with,
+    make_env,
+    run_cli,
+    start_worker,
+    wait_ready_or_kill,
+    wait_settled,
+)
+from worker import __version__
+from worker.stream.reader import Reader
+
+GOOD_TEXTS = [
+    "I was charged twice",
+    "app crashes on start",
+    "password reset email never arrives",
+    "where is my parcel?",
+]
+BAD = {  # ticket id -> (fields, the reason class its dead letter must be counted under)
+    "bad-no-text": ({"id": "bad-no-text", "body": "wrong field"}, "no_text"),
+    "bad-meta": ({"id": "bad-meta", "text": "hello", "meta": "{customer: 1"}, "bad_meta"),
+    "bad-empty": ({"id": "bad-empty", "text": "  "}, "empty_text"),
+    "bad-latin1": ({"id": "bad-latin1", "text": "caf\u00e9".encode("latin-1")}, "not_utf8"),
+}
+GHOST_ENTRIES = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Group:
+    env: dict[str, str]
+    workers: dict[str, WorkerProc]  # consumer name -> process
+    ports: dict[str, int]  # consumer name -> metrics port
+    good: list[str]  # input entry ids
+    bad: list[str]
+
+
+@pytest.fixture(scope="module")
+def r(redis_url):
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture(scope="module")
+def group(tiny_model_dir, redis_url, tmp_path_factory, r):
+    prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
+    env = make_env(
+        tiny_model_dir,
+        redis_url,
+        prefix,
+        tmp_path_factory.mktemp("cache"),
+        TRIAGE_WINDOW_MAX_ITEMS=8,
+        TRIAGE_PASS_MAX_ITEMS=8,
+        TRIAGE_MAX_WAIT_MS=30,
+        TRIAGE_CLAIM_IDLE_MS=600_000,
+        TRIAGE_HEARTBEAT_TTL_S=120,
+    )
+    stream = env["TRIAGE_INPUT_STREAM"]
+    # A consumer that read entries and died before any live worker started: they stay pending on it
+    # (TRIAGE_CLAIM_IDLE_MS is 10 minutes), which `status` must show as a dead worker.
+    r.xgroup_create(stream, "triage", id="0", mkstream=True)
+    for i in range(GHOST_ENTRIES):
+        r.xadd(stream, {"id": f"ghost-{i}", "text": "held by a dead worker"})
+    assert len(r.xreadgroup("triage", "ghost-1", {stream: ">"}, count=GHOST_ENTRIES)[0][1]) == GHOST_ENTRIES
+    tag = uuid.uuid4().hex[:6]
+    ports = {f"obs-a-{tag}": free_port(), f"obs-b-{tag}": free_port()}
+    workers = {
+        name: start_worker(
+            env_with(env, TRIAGE_CONSUMER=name, TRIAGE_METRICS_PORT=port, TRIAGE_METRICS_HOST="127.0.0.1"), ready=False
+        )
+        for name, port in ports.items()
+    }
+    try:
+        for w in workers.values():
+            wait_ready_or_kill(w, 180)
+        good = [r.xadd(stream, {"id": f"ok-{i}", "text": GOOD_TEXTS[i % 4] + " " * (i % 5)}) for i in range(24)]
+        bad = [r.xadd(stream, fields) for fields, _ in BAD.values()]
+        wait_settled(r, env, good + bad, timeout_s=120)
+        yield Group(env, workers, ports, good, bad)
+    finally:
+        for w in workers.values():
+            w.kill()
+        delete_keys(redis_url, prefix)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """(sample name, sorted labels) -> value, from a real HTTP GET of /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def written_by(r, env, consumer: str) -> tuple[list[dict], list[dict]]:
+    results = [f for _, f in r.xrange(env["TRIAGE_RESULTS_STREAM"]) if f["worker"] == consumer]
+    dead = [f for _, f in r.xrange(env["TRIAGE_DEAD_LETTER_STREAM"]) if f["worker"] == consumer]
+    return results, dead
+
+
+def scrape_settled(port: int, n_settled: int, timeout_s: float = 30) -> dict:
+    """Scrape until the worker has observed ``n_settled`` entries (metrics are recorded just after the write)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = scrape(port)
+        if m.get(("triage_request_count_total", ())) == n_settled or time.monotonic() > deadline:
+            return m
+        time.sleep(0.2)
+
+
+def test_metrics_endpoint_counts_what_each_worker_wrote(group, r):
+    total_ok = 0
+    for consumer, port in group.ports.items():
+        results, dead = written_by(r, group.env, consumer)
+        m = scrape_settled(port, len(results) + len(dead))
+        w = group.workers[consumer]
+        total_ok += len(results)
+        assert m[("triage_request_count_total", ())] == len(results) + len(dead)
+        assert m[("triage_request_success_total", ())] == len(results)
+        want_failures = Counter(BAD[d["id"]][1] for d in dead)
+        for reason in ("no_text", "bad_meta", "empty_text", "not_utf8", "poison", "model_error", "other"):
+            assert m[("triage_request_failure_total", (("reason", reason),))] == want_failures.get(reason, 0), reason
+        # end-to-end latency and input tokens: one observation per classified ticket
+        assert m[("triage_request_duration_seconds_count", ())] == len(results)
+        assert m[("triage_request_duration_seconds_bucket", (("le", "+Inf"),))] == len(results)
+        assert m[("triage_request_input_tokens_count", ())] == len(results)
+        assert m[("triage_request_input_tokens_sum", ())] == sum(int(f["tokens"]) for f in results)
+        # windows and passes agree with the worker's own "window" log lines
+        batches = w.events("window")
+        assert m[("triage_window_size_count", ())] == len(batches)
+        assert m[("triage_window_size_sum", ())] == len(results) + len(dead)
+        assert m[("triage_window_entries_total", (("source", "new"),))] == len(results) + len(dead)
+        for stage in ("read", "tokenization", "inference", "write"):
+            assert m[(f"triage_window_{stage}_duration_seconds_count", ())] == len(batches), stage
+        assert m[("triage_batch_next_size_sum", ())] == len(results)
+        assert m[("triage_batch_next_size_count", ())] == sum(b["passes"] for b in batches)
+        assert m[("triage_real_tokens_total", ())] == sum(b["real_tokens"] for b in batches)
+        assert m[("triage_padded_tokens_total", ())] == sum(b["padded_tokens"] for b in batches)
+        assert m[("triage_padded_tokens_total", ())] >= m[("triage_real_tokens_total", ())]
+        # queue gauges: set from the last window's read (the ghost's entries keep pending >= 3)
+        assert m[("triage_queue_pending", ())] >= GHOST_ENTRIES and ("triage_queue_size", ()) in m
+        info = {k: v for (name, labels), v in m.items() if name == "triage_model_info" for k, v in labels}
+        assert info == {
+            "model": group.env["TRIAGE_MODEL"],
+            "device": "cpu",
+            "dtype": "fp32",
+            "version": __version__,
+            "consumer": consumer,
+        }
+        phases = {dict(labels)["phase"]: v for (name, labels), v in m.items() if name == "triage_worker_phase"}
+        assert phases["reading"] + phases["idle"] == 1 and sum(phases.values()) == 1, phases
+        assert m[("process_resident_memory_bytes", ())] > 0
+    assert total_ok == len(r.xrange(group.env["TRIAGE_RESULTS_STREAM"]))
+
+
+def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(group, r):
+    env, stream = group.env, group.env["TRIAGE_INPUT_STREAM"]
+    names = sorted(group.workers)
+    for w in group.workers.values():
+        w.signal(signal.SIGSTOP)  # alive (heartbeat fresh for 120 s) but reading nothing: new tickets stay backlog
+    try:
+        time.sleep(3 * Reader.IDLE_BLOCK_MS / 1000)  # let their last XREADGROUP BLOCK time out inside Redis
+        late = [r.xadd(stream, {"id": f"late-{i}", "text": "refund please"}) for i in range(5)]
+        snap = run_cli(env, "status", "--json", "--window-s", "600")
+        text = run_cli(env, "status", "--window-s", "600")
+        soon = run_cli(env_with(env, TRIAGE_CLAIM_IDLE_MS=1), "status", "--json")
+        watch = run_cli(env, "status", "--watch", "--json", "--interval-s", "0.1", "--count", "2")
+    finally:
+        for w in group.workers.values():
+            w.signal(signal.SIGCONT)
+    assert snap.returncode == 0, snap.stderr
+    s = json.loads(snap.stdout)
+    assert s["queue"]["backlog"] == 5 and s["queue"]["pending"] == GHOST_ENTRIES
+    assert s["dead_letters"]["length"] == len(BAD) and s["dead_letters"]["in_window"] == len(BAD)
+    assert s["dead_letters"]["by_reason"] == dict(Counter(cls for _, cls in BAD.values()))
+    results = r.xrange(env["TRIAGE_RESULTS_STREAM"])
+    assert s["results"]["count"] == len(results) == len(group.good) and s["results"]["per_s"] > 0
+    lat = s["results"]["latency_ms"]
+    assert lat["p50"] is not None and lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+    rows = {w["consumer"]: w for w in s["workers"]}
+    assert set(rows) == {*names, "ghost-1"}
+    for name in names:
+        row = rows[name]
+        assert row["alive"] and row["state"] == "alive" and row["flags"] == [], row
+        assert row["host"] == socket.gethostname() and row["pid"] == group.workers[name].pid
+        assert row["model"] == env["TRIAGE_MODEL"] and row["pending"] == 0
+        assert row["heartbeat_age_s"] is not None and row["idle_s"] is not None
+    assert sum(rows[n]["done_in_window"] for n in names) == len(results)
+    ghost = rows["ghost-1"]
+    assert not ghost["alive"] and ghost["state"] == "dead" and ghost["pending"] == GHOST_ENTRIES
+    assert ghost["flags"] == ["dead"]  # idle far below TRIAGE_CLAIM_IDLE_MS=600000: not reclaimable yet
+    assert s["summary"] == {"workers": 3, "alive": 2, "dead": 1, "pending_on_dead": GHOST_ENTRIES, "reclaimable": 0}
+    # the same group seen with TRIAGE_CLAIM_IDLE_MS=1: the ghost's entries are up for XAUTOCLAIM
+    ghost_soon = next(w for w in json.loads(soon.stdout)["workers"] if w["consumer"] == "ghost-1")
+    assert ghost_soon["flags"] == ["dead", "reclaimable"]
+    # the human table names every worker and the figures above
+    assert text.returncode == 0, text.stderr
+    for name in (*names, "ghost-1"):
+        assert name in text.stdout
+    assert "backlog 5  pending 3" in text.stdout and f"{len(BAD)} dead letters" in text.stdout
+    assert "2 alive, 1 dead; 3 entries pending on dead workers" in text.stdout
+    print(text.stdout)  # shown with -s: the sample in docs/worker.md comes from here
+    # --watch --json: one object per refresh
+    lines = watch.stdout.splitlines()
+    assert watch.returncode == 0 and len(lines) == 2 and all(json.loads(x)["stream"] == stream for x in lines)
+    # resumed workers take the backlog
+    wait_settled(r, env, late, timeout_s=60)
+
+
+def test_status_imports_neither_torch_nor_the_model(group):
+    code = "import sys, worker.cli as c; rc = c.main(['status', '--json']); print(rc, 'torch' in sys.modules)"
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=group.env, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "0 False", p.stdout[-500:]
+
+
+def test_metrics_port_in_use_is_a_config_error_before_the_model_loads(triage_env):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        w = start_worker(env_with(triage_env, TRIAGE_METRICS_PORT=port, TRIAGE_METRICS_HOST="127.0.0.1"), ready=False)
+        with w:
+            assert w.wait(timeout_s=60) == 2, w.stderr_tail()
+    err = w.events("metrics_unavailable")
+    assert err and err[0]["port"] == port and "TRIAGE_METRICS_PORT" in err[0]["fix"]
+    assert not w.events("model_loaded")

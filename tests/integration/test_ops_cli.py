@@ -1,0 +1,116 @@
+"""Small operations features: --version, progress lines off a terminal, the conversion cache, hub-less model checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.worker_proc import REPO, env_with, run_cli
+from worker.engine import sources
+
+TICKETS = REPO / "tests" / "data" / "long_tail_tickets.jsonl"
+
+
+def test_version_flags():
+    for module, prog in (("worker", "triage-worker"), ("producer", "triage-producer")):
+        r = subprocess.run(
+            [sys.executable, "-m", module, "--version"], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0 and r.stdout.startswith(f"{prog} 0.") and "Python" in r.stdout, r
+
+
+def test_verify_reports_progress_as_log_lines_when_stderr_is_not_a_terminal(triage_env):
+    r = run_cli(triage_env, "verify", "--input", str(TICKETS), "--limit", "12", "--dtype", "fp32", timeout_s=300)
+    assert r.returncode in (0, 1), r.stderr  # 1 = a verification failure, still a finished run
+    recs = [json.loads(line) for line in r.stderr.splitlines()]  # JSON logs: every line parses, no bar
+    progress = [x for x in recs if x["event"] == "progress"]
+    assert progress and progress[-1]["done"] == progress[-1]["total"] == 12
+    assert {"task", "pct", "elapsed_s", "eta_s", "per_s"} <= progress[0].keys()
+
+
+# ------------------------------------------------------------------ the conversion cache
+def _fake_conversion(target: Path, source: Path | None) -> None:
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"\0" * 1000)
+    (target / sources.SOURCE_FILE).write_text(json.dumps({"gguf": str(source) if source else None}))
+
+
+def test_same_gguf_in_two_venvs_shares_one_conversion(tmp_path):
+    a, b = tmp_path / "venv-a" / "m.gguf", tmp_path / "venv-b" / "m.gguf"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(b"GGUF" + b"x" * 5000)
+    cache = tmp_path / "cache"
+    assert sources.converted_target(a, cache) == sources.converted_target(b, cache)
+    b.write_bytes(b"GGUF" + b"y" * 5000)  # different content: a different conversion
+    assert sources.converted_target(a, cache) != sources.converted_target(b, cache)
+
+
+def test_cache_list_and_clean(triage_env, tmp_path):
+    cache = tmp_path / "cache"
+    gguf = tmp_path / "venv" / "m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF" + b"z" * 5000)
+    in_use = sources.converted_target(gguf, cache)
+    _fake_conversion(in_use, gguf)
+    stale = sources.gguf_root(cache) / "m-0123456789abcdef"  # an old path-keyed conversion of the same file
+    _fake_conversion(stale, gguf)
+    orphan = sources.gguf_root(cache) / "gone-fedcba9876543210"  # its GGUF was deleted (a removed venv)
+    _fake_conversion(orphan, tmp_path / "deleted.gguf")
+    partial = sources.gguf_root(cache) / ".convert-abc"  # a start killed mid-conversion, long ago
+    partial.mkdir()
+    os.utime(partial, (time.time() - 7200, time.time() - 7200))
+    env = env_with(triage_env, TRIAGE_CACHE_DIR=cache)
+
+    listed = run_cli(env, "cache", "list")
+    assert listed.returncode == 0, listed.stderr
+    status = {line.split()[5]: line.split()[2] for line in listed.stdout.splitlines()}
+    assert status == {str(in_use): "in-use", str(stale): "stale", str(orphan): "stale", str(partial): "partial"}, (
+        listed.stdout
+    )
+
+    assert run_cli(env, "cache", "clean", "--dry-run").returncode == 0
+    assert stale.exists()
+    cleaned = run_cli(env, "cache", "clean")
+    assert cleaned.returncode == 0 and "freed" in cleaned.stderr
+    assert in_use.exists() and not stale.exists() and not orphan.exists() and not partial.exists()
+    assert run_cli(env, "cache", "clean", "--all").returncode == 0
+    assert not in_use.exists()
+
+
+# ------------------------------------------------------------------ hub ids without a hub
+def test_uncached_hub_id_fails_at_once_offline_and_when_the_hub_is_unreachable(triage_env, tmp_path):
+    env = env_with(triage_env, TRIAGE_MODEL="triage-test-org/not-cached-model", HF_HUB_CACHE=tmp_path / "hf")
+    r = run_cli(env, "run")
+    recs = [json.loads(line) for line in r.stderr.splitlines()]
+    assert r.returncode == 2 and [x["event"] for x in recs] == ["config_invalid"]
+    assert recs[0]["setting"] == "TRIAGE_MODEL" and "HF_HUB_OFFLINE=1" in recs[0]["error"]
+    online = {k: v for k, v in env.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    online["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there: "the hub cannot be reached"
+    r = run_cli(online, "check", "--no-redis")
+    assert r.returncode == 2 and "cannot be reached" in r.stderr, r.stderr
+
+
+def test_cached_hub_model_turns_hub_calls_off(tmp_path, monkeypatch):
+    snap = tmp_path / "hf" / "models--org--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "hf" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "hf" / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    assert sources.check_model_available("org/tiny") == "hub-cached"
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and hub_constants.HF_HUB_OFFLINE is True
+    with pytest.raises(sources.ModelNotFound, match="not in the Hugging Face cache"):
+        sources.check_model_available("org/other")  # offline now, and not cached

@@ -1,0 +1,71 @@
+"""Config errors before the model loads, in real run / producer / healthcheck / check processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.unit.test_preflight import BAD_URL
+from tests.worker_proc import REPO, env_with, run_cli
+
+
+# ----------------------------------------------------------------- real processes
+def _producer(env, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "producer", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_malformed_redis_url_is_one_line_and_exit_2_everywhere(triage_env):
+    env = env_with(triage_env, TRIAGE_REDIS_URL=BAD_URL)
+    for name, r in (
+        ("run", run_cli(env, "run")),
+        ("healthcheck", run_cli(env, "healthcheck")),
+        ("producer", _producer(env, "backlog")),
+        ("check", run_cli(env, "check")),
+    ):
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        if name == "check":
+            lines = [x for x in lines if x.startswith("error:")]
+        assert r.returncode == 2, (name, r.stderr)
+        assert len(lines) == 1 and "TRIAGE_REDIS_URL" in lines[0] and "notaport" in lines[0], (name, r.stderr)
+        assert "s3cret" not in r.stderr + r.stdout and "Traceback" not in r.stderr
+    run_line = json.loads(run_cli(env, "run").stderr.splitlines()[0])  # JSON logs: the error is a JSON line too
+    assert run_line["event"] == "config_invalid" and run_line["setting"] == "TRIAGE_REDIS_URL"
+
+
+def test_run_refuses_unknown_variables_and_bad_task_files_before_loading_the_model(triage_env, tmp_path):
+    r = run_cli(env_with(triage_env, TRIAGE_MAX_BATCH_ITEM=3), "run")
+    recs = [json.loads(x) for x in r.stderr.splitlines()]
+    assert r.returncode == 2 and [x["event"] for x in recs] == ["config_invalid"]
+    assert "did you mean TRIAGE_MAX_BATCH_ITEMS?" in recs[0]["error"]
+    task = tmp_path / "task.yaml"
+    task.write_text("labels:\n  - name: a\n  - name: b\nexamples:\n  - {txt: hi, label: a}\n")
+    r = run_cli(env_with(triage_env, TRIAGE_TASK_FILE=task), "run")
+    recs = [json.loads(x) for x in r.stderr.splitlines()]
+    assert r.returncode == 2 and [x["event"] for x in recs] == ["config_invalid"]
+    assert f"{task}:5: unknown key 'txt' in example 1 (did you mean 'text'?)" in recs[0]["error"]
+
+
+def test_check_command(triage_env, tmp_path):
+    ok = run_cli(triage_env, "check")
+    assert ok.returncode == 0, ok.stderr
+    assert "redis:" in ok.stdout and "reachable" in ok.stdout and "task: 5 labels" in ok.stdout
+    loaded = run_cli(triage_env, "check", "--model", timeout_s=300)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded on cpu" in loaded.stdout
+    bad = run_cli(
+        env_with(
+            triage_env,
+            TRIAGE_REDIS_URL="redis://127.0.0.1:1/0",
+            TRIAGE_LABELS="only-one",
+            TRIAGE_MODEL=str(tmp_path / "nope"),
+        ),
+        "check",
+    )
+    errors = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
+    assert bad.returncode == 2
+    assert {e.split(":")[1].strip() for e in errors} == {"TRIAGE_REDIS_URL", "TRIAGE_LABELS", "TRIAGE_MODEL"}, (
+        bad.stderr
+    )

@@ -1,0 +1,433 @@
+"""The producer: submission fields and ids, backlog + backpressure, waiting for results, the CLI.
+
+Real Redis under a unique key prefix; results are written with the worker's own
+sink and record code (so the formats cannot drift apart), and one test runs the
+real worker process against the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import redis
+
+from producer import BacklogFull, ProducerSettings, Result, Submitted, TriageClient
+from producer.cli import main as cli_main
+from producer.local_redis import answers, demo_redis, local_redis_server
+from tests.worker_proc import start_worker
+from worker.engine.classifier import Prediction
+from worker.settings import Settings
+from worker.stream.records import dead_letter_fields, result_fields
+from worker.stream.sink import Outcome, ResultSink
+
+GROUP = "triage"
+
+
+@pytest.fixture
+def settings(redis_url, key_prefix) -> ProducerSettings:
+    return ProducerSettings(
+        redis_url=redis_url,
+        input_stream=key_prefix + "tickets",
+        results_stream=key_prefix + "results",
+        dead_letter_stream=key_prefix + "dead",
+        result_key_prefix=key_prefix + "result:",
+        group=GROUP,
+    )
+
+
+@pytest.fixture
+def client(settings) -> TriageClient:
+    return TriageClient(settings)
+
+
+@pytest.fixture
+def r(redis_url) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+def _sink(r: redis.Redis, s: ProducerSettings) -> ResultSink:
+    return ResultSink(
+        r,
+        input_stream=s.input_stream,
+        group=s.group,
+        results_stream=s.results_stream,
+        dead_letter_stream=s.dead_letter_stream,
+        result_key_prefix=s.result_key_prefix,
+        result_ttl_s=60,
+        results_maxlen=1000,
+        dead_letter_maxlen=1000,
+    )
+
+
+def _classify(r: redis.Redis, s: ProducerSettings, ticket_ids: list[str], label: str = "billing") -> None:
+    """What a worker writes for these tickets (real worker record + sink code)."""
+    pred = Prediction(label=label, scores={label: 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    results = [
+        result_fields(t, pred, latency_ms=12.5, model="m", worker="w", meta='{"k": 1}', stream_id="1-0")
+        for t in ticket_ids
+    ]
+    _sink(r, s).write(Outcome(results=results))
+
+
+# ------------------------------------------------------------------ submit
+def test_defaults_meet_the_worker_on_the_same_keys(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("TRIAGE_"):
+            monkeypatch.delenv(k)
+    p, w = ProducerSettings(), Settings()
+    for name in ("redis_url", "input_stream", "results_stream", "dead_letter_stream", "result_key_prefix", "group"):
+        assert getattr(p, name) == getattr(w, name), name
+
+
+def test_submit_one_writes_flat_fields_and_returns_ids(client, r, settings):
+    sent = client.submit("Refund please", id="T-1", subject="Billing", meta={"customer": 42, "tier": "gold"})
+    assert sent.ticket_id == "T-1"
+    [(sid, fields)] = r.xrange(settings.input_stream)
+    assert sid == sent.stream_id
+    assert fields == {
+        "text": "Refund please",
+        "id": "T-1",
+        "subject": "Billing",
+        "meta": '{"customer": 42, "tier": "gold"}',
+    }
+
+
+def test_submit_many_in_order_generated_ids_and_progress(client, r, settings):
+    client.settings.submit_chunk_size = 3
+    progress: list[int] = []
+    tickets = ["plain string", {"text": "with id", "id": 7}, {"text": "raw meta", "meta": '{"a": 1}'}] + [
+        f"t{i}" for i in range(5)
+    ]
+    sent = client.submit_many(tickets, on_progress=progress.append)
+    assert progress == [3, 3, 2]
+    rows = r.xrange(settings.input_stream)
+    assert [s.stream_id for s in sent] == [sid for sid, _ in rows]
+    assert [f["text"] for _, f in rows] == ["plain string", "with id", "raw meta"] + [f"t{i}" for i in range(5)]
+    assert sent[1].ticket_id == "7"
+    assert rows[2][1]["meta"] == '{"a": 1}'
+    generated = [s.ticket_id for i, s in enumerate(sent) if i != 1]
+    assert len(set(generated)) == len(generated) and all(len(t) == 32 for t in generated)
+    assert [f["id"] for _, f in rows] == [s.ticket_id for s in sent]
+
+
+def test_bad_ticket_shapes_are_refused_before_sending(client, r, settings):
+    with pytest.raises(TypeError):
+        client.submit(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        client.submit_many([{"subject": "no text"}])
+    assert r.xlen(settings.input_stream) == 0
+
+
+# ------------------------------------------------------------ backpressure
+def test_backlog_is_lag_plus_pending_not_stream_length(client, r, settings):
+    assert client.backlog() == 0  # no stream yet
+    client.submit_many([f"t{i}" for i in range(6)])
+    assert client.backlog() == 6  # no group yet: everything waits
+    r.xgroup_create(settings.input_stream, GROUP, id="0")
+    read = r.xreadgroup(GROUP, "c1", {settings.input_stream: ">"}, count=4)[0][1]
+    r.xack(settings.input_stream, GROUP, read[0][0], read[1][0])
+    assert r.xlen(settings.input_stream) == 6  # acked entries stay in the stream
+    assert client.backlog() == 2 + 2  # 2 undelivered + 2 delivered-not-acked
+
+
+def test_refuse_policy_raises_at_once_and_reports_what_was_sent(client, r, settings):
+    s = client.settings
+    s.input_max_backlog, s.backpressure, s.submit_chunk_size = 10, "refuse", 2
+    client.submit_many([f"t{i}" for i in range(8)])
+    with pytest.raises(BacklogFull) as info:
+        client.submit_many([f"more{i}" for i in range(5)])
+    assert info.value.backlog == 10 and info.value.limit == 10 and info.value.policy == "refuse"
+    assert len(info.value.submitted) == 2  # the first chunk fitted (8 + 2 <= 10)
+    assert "TRIAGE_INPUT_MAX_BACKLOG" in str(info.value)
+    assert r.xlen(settings.input_stream) == 10  # nothing trimmed, nothing beyond the limit
+
+
+def test_block_policy_waits_for_the_worker_to_catch_up(client, r, settings):
+    s = client.settings
+    s.input_max_backlog, s.backpressure, s.backpressure_timeout_s = 3, "block", 20.0
+    client.submit_many(["a", "b", "c"])
+    r.xgroup_create(settings.input_stream, GROUP, id="0")
+
+    def consume():
+        time.sleep(0.3)
+        for sid, _ in r.xreadgroup(GROUP, "c1", {settings.input_stream: ">"}, count=2)[0][1]:
+            r.xack(settings.input_stream, GROUP, sid)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    sent = client.submit("d")  # blocks until two were consumed
+    t.join()
+    assert client.backlog() == 2
+    assert r.xrange(settings.input_stream)[-1][0] == sent.stream_id
+    assert r.xlen(settings.input_stream) == 4
+
+
+def test_block_policy_gives_up_after_its_timeout(client):
+    s = client.settings
+    s.input_max_backlog, s.backpressure, s.backpressure_timeout_s = 2, "block", 0.3
+    client.submit_many(["a", "b"])
+    with pytest.raises(BacklogFull) as info:
+        client.submit("c")
+    assert info.value.policy == "block" and info.value.waited_s >= 0.3
+
+
+# ----------------------------------------------------------------- results
+def test_wait_wakes_on_results_and_reports_dead_letters(client, r, settings):
+    sent = client.submit_many([{"text": "x", "id": "a"}, {"text": "y", "id": "b"}, {"text": "", "id": "c"}])
+
+    def worker():
+        time.sleep(0.3)
+        _classify(r, settings, ["a", "b"])
+        dead = dead_letter_fields(
+            stream_id=sent[2].stream_id, reason="text is empty", payload={"text": ""}, deliveries=1, ticket_id="c"
+        )
+        _sink(r, settings).write(Outcome(dead_letters=[dead]))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    got = client.wait(["a", "b", "c"], timeout_s=20)
+    t.join()
+    assert set(got) == {"a", "b", "c"}
+    assert got["a"].ok and got["a"].label == "billing" and got["a"].score == pytest.approx(0.9)
+    assert got["a"].scores == {"billing": 0.9, "other": 0.1} and got["a"].latency_ms == 12.5
+    assert got["c"].status == "dead_letter" and got["c"].label is None and got["c"].reason == "text is empty"
+
+
+def test_wait_returns_what_arrived_when_time_runs_out(client, r, settings):
+    _classify(r, settings, ["done"])
+    got = client.wait(["done", "never"], timeout_s=0.5)
+    assert list(got) == ["done"]
+    with pytest.raises(TimeoutError, match="never"):
+        client.result("never", timeout_s=0.2)
+
+
+def test_wait_for_many_ids_all_present(client, r, settings):
+    ids = [f"id{i}" for i in range(2500)]  # several MGET chunks
+    _classify(r, settings, ids, label="shipping")
+    got = client.wait(ids, timeout_s=10)
+    assert len(got) == 2500 and {x.label for x in got.values()} == {"shipping"}
+
+
+def test_result_to_dict_decodes_types(client, r, settings):
+    _classify(r, settings, ["z"])
+    d = client.get_result("z").to_dict()
+    assert d["id"] == "z" and d["status"] == "ok" and d["tokens"] == 7 and d["truncated"] is False
+    assert d["meta"] == {"k": 1} and d["scores"]["billing"] == 0.9 and d["stream_id"] == "1-0"
+    assert client.get_result("missing") is None
+    assert Result.from_json("not json", ticket_id="q").status == "unreadable"
+
+
+def test_recent_and_followed_results(client, r, settings):
+    _classify(r, settings, ["r1", "r2", "r3"])
+    recent = client.recent_results(2)
+    assert [x.ticket_id for x in recent] == ["r2", "r3"]
+    stop = threading.Event()
+    seen: list[str] = []
+
+    def follow():  # from after r3 (an explicit id: the thread may start after the writes below)
+        for res in client.follow_results(since=recent[-1].result_entry_id, block_ms=100, stop=stop.is_set):
+            seen.append(res.ticket_id)
+            if len(seen) == 2:
+                stop.set()
+
+    t = threading.Thread(target=follow)
+    t.start()
+    time.sleep(0.3)
+    _classify(r, settings, ["r4", "r5"])
+    t.join(10)
+    assert seen == ["r4", "r5"]  # only the ones after the cursor
+
+
+def test_client_against_the_real_worker(client, triage_env, settings):
+    env = {
+        **triage_env,
+        "TRIAGE_INPUT_STREAM": settings.input_stream,
+        "TRIAGE_RESULTS_STREAM": settings.results_stream,
+        "TRIAGE_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+        "TRIAGE_RESULT_KEY_PREFIX": settings.result_key_prefix,
+    }
+    sent = client.submit_many(
+        [
+            {"text": "I was charged twice", "id": "w1", "meta": {"crm": 5}},
+            {"text": "app crashes", "subject": "Android"},
+            {"text": " ", "id": "w3"},
+        ]
+    )
+    with start_worker(env) as w:
+        got = client.wait([s.ticket_id for s in sent], timeout_s=60)
+        assert w.stop() == 0
+    assert len(got) == 3
+    assert got["w1"].ok and got["w1"].label in {"billing", "technical", "account", "shipping", "other"}
+    assert json.loads(got["w1"].fields["meta"]) == {"crm": 5}
+    assert got[sent[1].ticket_id].ok
+    assert got["w3"].status == "dead_letter" and "empty" in got["w3"].reason
+
+
+# --------------------------------------------------------------------- CLI
+@pytest.fixture
+def cli_env(monkeypatch, settings):
+    for name in ("redis_url", "input_stream", "results_stream", "dead_letter_stream", "result_key_prefix", "group"):
+        monkeypatch.setenv(f"TRIAGE_{name.upper()}", str(getattr(settings, name)))
+    return settings
+
+
+def test_cli_send_jsonl_and_csv(cli_env, r, tmp_path, capsys):
+    jl = tmp_path / "t.jsonl"
+    jl.write_text(
+        '{"text": "one", "id": "j1", "meta": {"a": 1}}\n\n{"text": "two", "subject": "S"}\n', encoding="utf-8"
+    )
+    csv_file = tmp_path / "t.csv"
+    csv_file.write_text('id,text,subject,meta\nc1,"three, with comma",Hello,"{""b"": 2}"\n,four,,\n', encoding="utf-8")
+    ids_out = tmp_path / "ids.jsonl"
+    assert cli_main(["send", str(jl), "--ids-out", str(ids_out)]) == 0
+    assert cli_main(["send", str(csv_file)]) == 0
+    out = capsys.readouterr().out
+    assert "sent 2 tickets" in out
+    rows = [f for _, f in r.xrange(cli_env.input_stream)]
+    assert [f["text"] for f in rows] == ["one", "two", "three, with comma", "four"]
+    assert rows[0]["meta"] == '{"a": 1}' and rows[1]["subject"] == "S"
+    assert rows[2] == {"text": "three, with comma", "id": "c1", "subject": "Hello", "meta": '{"b": 2}'}
+    assert "subject" not in rows[3] and "meta" not in rows[3] and len(rows[3]["id"]) == 32
+    assert [json.loads(x)["id"] for x in ids_out.read_text().splitlines()] == ["j1", rows[1]["id"]]
+
+
+def test_cli_send_rejects_a_file_without_text(cli_env, tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("body\nhello\n", encoding="utf-8")
+    assert cli_main(["send", str(bad)]) == 2
+    assert "text" in capsys.readouterr().err
+
+
+def test_cli_synth_out_and_send(cli_env, r, tmp_path, capsys):
+    out = tmp_path / "s.jsonl"
+    assert cli_main(["synth", "--n", "5", "--seed", "3", "--out", str(out), "--send"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 5 and {"id", "text", "label"} == set(rows[0])
+    sent = [f for _, f in r.xrange(cli_env.input_stream)]
+    assert [f["id"] for f in sent] == [x["id"] for x in rows]
+    assert json.loads(sent[0]["meta"]) == {"synthetic_label": rows[0]["label"]}
+
+
+def test_cli_results_and_wait(cli_env, r, capsys):
+    _classify(r, cli_env, ["k1", "k2"], label="account")
+    assert cli_main(["results", "--count", "5"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["id"] for x in lines] == ["k1", "k2"] and lines[0]["label"] == "account" and "result_entry_id" in lines[0]
+    assert cli_main(["wait", "k1", "k2", "--timeout-s", "2"]) == 0
+    assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == ["k1", "k2"]
+    assert cli_main(["wait", "k1", "nope", "--timeout-s", "0.3"]) == 1
+    assert "nope" in capsys.readouterr().err
+
+
+def test_cli_backlog_full_exit_code(cli_env, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TRIAGE_INPUT_MAX_BACKLOG", "1")
+    monkeypatch.setenv("TRIAGE_BACKPRESSURE", "refuse")
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
+    assert cli_main(["send", str(f)]) == 3
+    assert "1 sent before that" in capsys.readouterr().err
+
+
+def test_console_script_runs_as_a_process(triage_env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer", "synth", "--n", "3", "--seed", "1"],
+        env=triage_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x)["id"] for x in proc.stdout.splitlines()] == ["syn-1-000000", "syn-1-000001", "syn-1-000002"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "producer", "--redis-url", "redis://127.0.0.1:1/0", "backlog"],
+        env=triage_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "cannot reach Redis" in bad.stderr
+
+
+# ---------------------------------------------------------- private redis
+def test_private_redis_server_starts_and_stops():
+    with local_redis_server() as url:
+        assert answers(url)
+        redis.Redis.from_url(url).set("k", "v")
+    assert not answers(url, 0.3)
+
+
+def test_demo_redis_falls_back_to_a_private_server(redis_url):
+    with demo_redis(None, redis_url, log=lambda m: None) as url:
+        assert url == redis_url  # the configured one answers: used as is
+    notes: list[str] = []
+    with demo_redis(None, "redis://127.0.0.1:1/0", log=notes.append) as url:
+        assert url != "redis://127.0.0.1:1/0" and answers(url)
+    assert notes and "private redis-server" in notes[0]
+    with pytest.raises(RuntimeError, match="no Redis answers"):
+        with demo_redis("redis://127.0.0.1:1/0", None):
+            pass
+
+
+def _answer(r, s, sent, label: str) -> None:
+    """What a worker writes for one submission: a result naming its input entry."""
+    pred = Prediction(label=label, scores={label: 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    fields = result_fields(sent.ticket_id, pred, latency_ms=1.0, model="m", worker="w", stream_id=sent.stream_id)
+    _sink(r, s).write(Outcome(results=[fields]))
+
+
+def test_wait_matches_the_result_to_the_submission_of_a_resent_id(client, r, settings):
+    first = client.submit("charged twice", id="dup")
+    _answer(r, settings, first, "billing")
+    second = client.submit("app crashes", id="dup")  # the same id, sent again: the key still holds the first answer
+    assert client.wait([second], timeout_s=0.3) == {}  # not the earlier answer
+    assert client.wait(["dup"], timeout_s=0.3)["dup"].label == "billing"  # a bare id: the latest result, documented
+    _answer(r, settings, second, "technical")
+    assert client.wait([second], timeout_s=5)["dup"].label == "technical"
+    # the key answers the second send now; the first's own result is still found (in the results stream)
+    got = client.wait([first], timeout_s=5)["dup"]
+    assert got.label == "billing" and got.fields["stream_id"] == first.stream_id
+
+
+def test_cli_wait_from_the_ids_file_of_send(client, r, settings, tmp_path, monkeypatch, redis_url):
+    main = cli_main
+    for k, v in {
+        "TRIAGE_REDIS_URL": redis_url,
+        "TRIAGE_INPUT_STREAM": settings.input_stream,
+        "TRIAGE_RESULTS_STREAM": settings.results_stream,
+        "TRIAGE_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+        "TRIAGE_RESULT_KEY_PREFIX": settings.result_key_prefix,
+    }.items():
+        monkeypatch.setenv(k, v)
+    old = client.submit("old", id="T-7")
+    _answer(r, settings, old, "billing")
+    tickets = tmp_path / "t.jsonl"
+    tickets.write_text(json.dumps({"id": "T-7", "text": "new"}) + "\n")
+    ids = tmp_path / "ids.jsonl"
+    assert main(["send", str(tickets), "--ids-out", str(ids)]) == 0
+    assert main(["wait", "--from-file", str(ids), "--timeout-s", "0.3"]) == 1  # the earlier answer does not count
+    new = Submitted("T-7", json.loads(ids.read_text())["stream_id"])
+    _answer(r, settings, new, "shipping")
+    assert main(["wait", "--from-file", str(ids), "--timeout-s", "5"]) == 0
+
+
+def test_dead_letters_come_back_decoded(client, r, settings):
+    sent = client.submit(" ", id="blank")
+    dead = dead_letter_fields(
+        stream_id=sent.stream_id,
+        reason="text is empty",
+        payload={"text": " ", "id": "blank"},
+        deliveries=1,
+        ticket_id="blank",
+    )
+    _sink(r, settings).write(Outcome(dead_letters=[dead]))
+    (rec,) = client.dead_letters(5)
+    assert (
+        rec["payload"] == {"text": " ", "id": "blank"} and rec["deliveries"] == 1 and rec["reason"] == "text is empty"
+    )
+    assert rec["stream_id"] == sent.stream_id and rec["dead_letter_id"]

@@ -1,0 +1,234 @@
+"""`triage-worker eval` and `triage-worker fit` end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.assemble import build_classifier
+from worker.cli import main
+from worker.engine.task import load_task_file
+from worker.quality.head import Head, HeadMismatch
+from worker.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+TICKETS = ROOT / "tests" / "data" / "support_tickets_labelled.jsonl"
+
+
+@pytest.fixture
+def tiny_env(tiny_model_dir, tmp_path, monkeypatch) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
+    env.update(
+        TRIAGE_MODEL=str(tiny_model_dir),
+        TRIAGE_DEVICE="cpu",
+        TRIAGE_DTYPE="fp32",
+        TRIAGE_CACHE_DIR=str(tmp_path / "cache"),
+        TRIAGE_LOG_FORMAT="json",
+        HF_HUB_OFFLINE="1",
+    )
+    for k in [k for k in os.environ if k.startswith("TRIAGE_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        if k.startswith("TRIAGE_"):
+            monkeypatch.setenv(k, v)
+    return env
+
+
+def test_eval_command_reports_metrics_for_every_variant_and_writes_a_png(tiny_env, tmp_path, capsys):
+    out, png = tmp_path / "eval.json", tmp_path / "cm.png"
+    rc = main(
+        [
+            "eval",
+            "--input",
+            str(TICKETS),
+            "--split",
+            "test",
+            "--limit",
+            "15",
+            "--train",
+            str(TICKETS),
+            "--train-split",
+            "train",
+            "--k",
+            "1",
+            "--head-shots",
+            "1",
+            "--curve-repeats",
+            "2",
+            "--pooling",
+            "mean",
+            "--calibration",
+            "none,contextual,prior",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["n_test"] == 15 and report["n_train"] == 50 and report["model"] == tiny_env["TRIAGE_MODEL"]
+    names = {m["name"] for m in report["methods"]}
+    for want in (
+        "zero-shot",
+        "descriptions +contextual",
+        "few-shot +prior",
+        "task",
+        "head logreg/mean",
+        "head centroid/mean",
+        "head on task examples logreg/mean",
+    ):
+        assert want in names, names
+    for m in report["methods"]:
+        assert 0.0 <= m["accuracy"] <= 1.0 and 0.0 <= m["ece"] <= 1.0
+        assert sum(map(sum, m["confusion"])) == 15
+        assert set(m["per_label"]) == {"billing", "technical", "account", "shipping", "other"}
+    assert report["passes"]["few-shot"]["examples"] == 5 and report["learning_curve"][0]["per_label"] == 1
+    assert report["worker_default"] == "head on task examples centroid/mean"  # TRIAGE_SCORER=auto, built-in task
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stdout = capsys.readouterr().out
+    assert "best:" in stdout and "head logreg/mean" in stdout
+
+
+def test_eval_command_line_runs_in_a_fresh_process(tiny_env, tmp_path):
+    """The installed entry point, as on a fresh clone (one cheap variant)."""
+    out = tmp_path / "eval.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker",
+        "eval",
+        "--input",
+        str(TICKETS),
+        "--split",
+        "test",
+        "--limit",
+        "5",
+        "--variants",
+        "zero-shot",
+        "--calibration",
+        "none",
+        "--json",
+        str(out),
+        "--no-progress",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=tiny_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [m["name"] for m in json.loads(out.read_text())["methods"]] == ["zero-shot"]
+
+
+def test_eval_rejects_missing_files_and_unknown_labels(tiny_env, tmp_path, capsys, monkeypatch):
+    assert main(["eval", "--input", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello", "label": "greeting"}\n')
+    monkeypatch.setenv("TRIAGE_LABELS", "billing,other")
+    assert main(["eval", "--input", str(data)]) == 2
+    assert "labels the task does not know: ['greeting']" in capsys.readouterr().err
+
+
+def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys, monkeypatch):
+    head_path, task_path = tmp_path / "head.safetensors", tmp_path / "task.yaml"
+    rc = main(
+        [
+            "fit",
+            "--input",
+            str(TICKETS),
+            "--split",
+            "train",
+            "--out",
+            str(head_path),
+            "--examples-out",
+            str(task_path),
+            "--k",
+            "1",
+            "--method",
+            "centroid",
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    assert f"TRIAGE_HEAD_PATH={head_path}" in capsys.readouterr().out
+    task = load_task_file(task_path)
+    assert len(task.examples) == 5 and {e.label for e in task.examples} == set(task.labels)
+    head = Head.load(head_path)
+    assert head.method == "centroid" and head.meta["n_train"] == 50
+    clf = build_classifier(Settings(task_file=task_path, head_path=head_path))
+    assert clf.scorer.kind == "head"
+    preds = clf.classify_texts(["I was charged twice", "the app crashes"])
+    assert all(p.label in task.labels for p in preds)
+    # the default head prompt holds the instructions and label names only: the task file's examples do not change it
+    assert (
+        head.meta["head_prompt"] == "labels" and build_classifier(Settings(head_path=head_path)).scorer.kind == "head"
+    )
+    full = tmp_path / "full.safetensors"  # fitted under the whole task prompt, examples included
+    assert (
+        main(
+            [
+                "fit",
+                "--input",
+                str(TICKETS),
+                "--split",
+                "train",
+                "--out",
+                str(full),
+                "--head-prompt",
+                "task",
+                "--examples-out",
+                str(task_path),
+                "--k",
+                "1",
+                "--method",
+                "centroid",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert build_classifier(Settings(task_file=task_path, head_path=full, head_prompt="task")).scorer.kind == "head"
+    with pytest.raises(HeadMismatch, match="prompt"):  # same labels, but without the examples it was fitted under
+        build_classifier(Settings(head_path=full, head_prompt="task"))
+    with pytest.raises(HeadMismatch, match="'task' prompt"):  # fitted under the whole task, run under labels only
+        build_classifier(Settings(task_file=task_path, head_path=full))
+    # eval scores the head file under the task it was fitted for, and names it the worker's default
+    monkeypatch.setenv("TRIAGE_TASK_FILE", str(task_path))
+    monkeypatch.setenv("TRIAGE_HEAD_PATH", str(head_path))
+    out = tmp_path / "eval.json"
+    assert (
+        main(
+            [
+                "eval",
+                "--input",
+                str(TICKETS),
+                "--split",
+                "test",
+                "--limit",
+                "5",
+                "--variants",
+                "head",
+                "--pooling",
+                "mean",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["worker_default"] == "head file centroid/mean"
+    assert {m["name"] for m in report["methods"]} >= {"head file centroid/mean", "head on task examples centroid/mean"}
+
+
+def test_fit_refuses_unknown_labels_and_empty_requests(tiny_env, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello", "label": "greeting"}\n{"text": "pay", "label": "billing"}\n')
+    assert main(["fit", "--input", str(data), "--out", str(tmp_path / "h.safetensors")]) == 2
+    assert "labels the configured task does not know" in capsys.readouterr().err
+    assert main(["fit", "--input", str(data)]) == 2

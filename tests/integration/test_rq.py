@@ -1,0 +1,341 @@
+"""RQ integration end to end: real Redis, a real ``rq worker`` process with the batch worker class, the tiny model.
+
+Every RQ key a test creates is removed at the end (its jobs through RQ's own
+Job.delete, then the queue's, registries' and worker's keys by their unique name).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import redis
+from rq import Callback, Queue, Retry, SimpleWorker
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.results import Result
+from rq.serializers import JSONSerializer
+
+from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
+from worker import rq_jobs
+from worker.engine.task import DEFAULT_LABELS
+from worker.rqbatch import BatchWorker, plain
+
+REPO = Path(__file__).resolve().parents[2]
+RQ_CLI = str(Path(sys.executable).with_name("rq"))
+LABELS = set(DEFAULT_LABELS)
+TICKETS = [
+    "I was charged twice for my subscription, please refund me.",
+    "The app crashes when I open settings.",
+    "My password reset email never arrives.",
+    "Where is my package? Tracking has not moved for ten days and support keeps telling me to wait.",
+    "Do you offer discounts for non-profits?",
+]
+
+
+def record_failure(job, connection, exc_type, exc_value, tb):
+    """An on_failure callback (allowed via TRIAGE_RQ_ALLOWED_CALLBACKS in the test): leaves a mark in Redis."""
+    connection.set(job.meta["mark"], exc_type.__name__, ex=600)
+
+
+class StallingBatchWorker(BatchWorker):
+    """The real batch worker whose forward pass never ends (a long pass on a big model): it
+    marks ``<queue>:in-pass`` in Redis and sleeps, so a test can kill -9 it mid-pass."""
+
+    def _classify(self, entries):
+        self.connection.set(self.queue_names()[0] + ":in-pass", ",".join(e.job.id for e in entries), ex=600)
+        time.sleep(600)
+
+
+class TouchOnUnpickle:
+    """Pickles to a call that creates a file: proof that the worker never unpickles a payload."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+@pytest.fixture
+def rq_setup(redis_url, key_prefix, triage_env, tmp_path):
+    conn = redis.Redis.from_url(redis_url)
+    h = SimpleNamespace(
+        conn=conn,
+        url=redis_url,
+        queue=Queue(key_prefix + "q", connection=conn, serializer=JSONSerializer),
+        worker_name=(key_prefix + "w").replace(":", "-"),
+        jobs=[],
+        env=dict(triage_env),
+        log=tmp_path / "worker.log",
+    )
+    yield h
+    _delete_rq_keys(h, key_prefix)
+
+
+def _delete_rq_keys(h, key_prefix: str) -> None:
+    for job in h.jobs:
+        try:
+            Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer).delete()
+        except NoSuchJobError:
+            pass
+        except Exception:  # a pickled job cannot be read back with JSON: delete its keys by name
+            h.conn.delete(Job.key_for(job.id), Result.get_key(job.id), f"rq:executions:{job.id}")
+    h.queue.delete(delete_jobs=True)
+    names = (h.queue.name, h.worker_name)
+    keys = [k for k in h.conn.scan_iter(match="rq:*", count=1000) if any(n in k.decode() for n in names)]
+    if keys:
+        h.conn.delete(*keys)
+    h.conn.srem("rq:workers", f"rq:worker:{h.worker_name}")
+
+
+def _start_worker(h, *flags: str, worker_class: str = "worker.rqbatch.BatchWorker", **env: str) -> subprocess.Popen:
+    cmd = [RQ_CLI, "worker", "--worker-class", worker_class, "--serializer", "rq.serializers.JSONSerializer"]
+    cmd += ["--url", h.url, "--name", h.worker_name, *flags, h.queue.name]
+    log = open(h.log, "wb")
+    return subprocess.Popen(cmd, cwd=REPO, env={**h.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _log_events(h, event: str) -> list[dict]:
+    out = []
+    for line in h.log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            if rec.get("event") == event:
+                out.append(rec)
+    return out
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setup, tmp_path):
+    h, q = rq_setup, rq_setup.queue
+    good = [q.enqueue("worker.rq_jobs.classify", {"text": f"{TICKETS[i % 5]} #{i}"}) for i in range(60)]
+    good += enqueue_tickets(q, [TICKETS[i % 5] for i in range(40)])  # RQ enqueue_many
+    mark = h.queue.name + ":failure-callback"
+    no_text = q.enqueue(
+        "worker.rq_jobs.classify",
+        {"txt": "typo"},
+        on_failure=Callback("tests.test_rq.record_failure"),
+        meta={"mark": mark},
+    )
+    wrong_type = q.enqueue("worker.rq_jobs.classify", {"text": 42}, retry=Retry(max=1))
+    empty = enqueue_ticket(q, "   ")
+    sentinel = tmp_path / "must-survive"
+    sentinel.touch()
+    other_func = q.enqueue("os.remove", str(sentinel))
+    bad_callback = q.enqueue("worker.rq_jobs.classify", {"text": "hi"}, on_success=Callback("os.getcwd"))
+    pickled_proof = tmp_path / "unpickled"
+    pickled = Queue(q.name, connection=h.conn).enqueue("worker.rq_jobs.classify", TouchOnUnpickle(pickled_proof))
+    bad = [no_text, wrong_type, empty, other_func, bad_callback, pickled]
+    h.jobs += good + bad
+
+    proc = _start_worker(h, "--burst", TRIAGE_RQ_ALLOWED_CALLBACKS="tests.test_rq.record_failure")
+    try:
+        assert proc.wait(timeout=120) == 0, h.log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    for job in good:
+        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FINISHED
+        value = job.return_value()
+        assert value["label"] in LABELS and set(value["scores"]) == LABELS
+        assert job.latest_result().type == Result.Type.SUCCESSFUL
+    assert set(q.finished_job_registry.get_job_ids()) == {j.id for j in good}
+    assert q.started_job_registry.get_job_ids() == []
+    assert q.count == 0
+
+    failed_ids = set(q.failed_job_registry.get_job_ids())
+    reasons = {
+        no_text.id: "ticket has no 'text' field",
+        wrong_type.id: "ticket text must be a string, got number",
+        empty.id: "ticket text is empty",
+        other_func.id: "only runs worker.rq_jobs.classify; refused to run 'os.remove'",
+        bad_callback.id: "callback(s) not allowed: on_success=os.getcwd",
+        pickled.id: "job payload is not JSON",
+    }
+    for job_id, reason in reasons.items():
+        job = Job.fetch(job_id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FAILED and job_id in failed_ids
+        assert reason in job.latest_result().exc_string
+    assert sentinel.exists() and not pickled_proof.exists()  # nothing of a job but classify ever ran
+    assert Job.fetch(wrong_type.id, connection=h.conn, serializer=JSONSerializer).retries_left == 0  # retried once
+    assert h.conn.get(mark) == b"InvalidJob"  # the allowed failure callback ran
+    h.conn.delete(mark)
+
+    results = h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])
+    mirrored = {f[b"id"].decode(): f[b"label"].decode() for _, f in results}
+    assert all(f[b"stream_id"].decode() == "rq:" + f[b"id"].decode() for _, f in results)  # the de-duplication key
+    assert mirrored == {
+        j.id: Job.fetch(j.id, connection=h.conn, serializer=JSONSerializer).return_value()["label"] for j in good
+    }
+
+    batches = _log_events(h, "rq_batch")
+    assert sum(b["jobs"] for b in batches) == len(good) + len(bad) + 1  # + the retry of wrong_type
+    assert len(batches) <= 6 and sum(b["forward_passes"] for b in batches) <= 12  # not one pass per job
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
+    h, q = rq_setup, rq_setup.queue
+    in_hand = enqueue_tickets(q, TICKETS[:3])
+    h.jobs += in_hand
+    # A long fill wait: the worker holds these 3 jobs, waiting for more, when SIGTERM arrives.
+    proc = _start_worker(h, TRIAGE_WINDOW_MAX_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000")
+    worker_key = f"rq:worker:{h.worker_name}"
+    try:
+        _wait_for(lambda: q.count == 0 and h.conn.hget(worker_key, "state") == b"busy", "the worker to take the batch")
+        proc.send_signal(signal.SIGTERM)
+        _wait_for(lambda: h.conn.hexists(worker_key, "shutdown_requested_date"), "the warm shutdown request")
+        late = enqueue_tickets(q, TICKETS[3:5])
+        h.jobs += late
+        assert proc.wait(timeout=60) == 0, h.log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for job in in_hand:
+        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
+    for job in late:
+        assert Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.QUEUED
+    assert q.get_job_ids() == [j.id for j in late]
+    assert [b["jobs"] for b in _log_events(h, "rq_batch")] == [3]
+
+
+def test_plain_rq_worker_runs_classify_loading_the_model_once(rq_setup, monkeypatch):
+    h, q = rq_setup, rq_setup.queue
+    for k, v in h.env.items():
+        if k.startswith("TRIAGE_"):
+            monkeypatch.setenv(k, v)
+    jobs = [enqueue_ticket(q, TICKETS[0]), q.enqueue(rq_jobs.classify, TICKETS[1]), enqueue_ticket(q, {"text": ""})]
+    h.jobs += jobs
+    plain.engine.cache_clear()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:  # RQ's own non-forking worker, in this process
+        SimpleWorker([q], connection=h.conn, serializer=JSONSerializer, name=h.worker_name).work(burst=True)
+        assert plain.engine.cache_info().misses == 1
+    finally:
+        plain.engine.cache_clear()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    done = [Job.fetch(j.id, connection=h.conn, serializer=JSONSerializer) for j in jobs]
+    assert [j.get_status() for j in done] == [JobStatus.FINISHED, JobStatus.FINISHED, JobStatus.FAILED]
+    assert all(j.return_value()["label"] in LABELS for j in done[:2])
+    assert "ticket text is empty" in done[2].latest_result().exc_string
+    mirrored = [(f[b"id"].decode(), f[b"stream_id"].decode()) for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])]
+    assert mirrored == [(j.id, "rq:" + j.id) for j in done[:2]]
+
+
+def test_producer_helpers_refuse_pickle_queues(rq_setup):
+    pickle_queue = Queue(rq_setup.queue.name, connection=rq_setup.conn)
+    with pytest.raises(ValueError, match="JSON"):
+        enqueue_ticket(pickle_queue, "hello")
+    with pytest.raises(ValueError, match="JSON"):
+        enqueue_tickets(pickle_queue, ["hello"])
+    assert triage_queue(rq_setup.conn, rq_setup.queue.name).serializer is JSONSerializer
+    assert rq_setup.queue.count == 0
+
+
+def test_started_batch_is_visible_to_rq_and_kept_alive_by_heartbeats(rq_setup):
+    """Pure RQ bookkeeping, no model: the batch's jobs are STARTED with executions that heartbeats keep alive."""
+    from worker.rqbatch import BatchWorker, intake, outcome
+    from worker.rqbatch.heartbeat import BatchHeartbeat
+    from worker.rqbatch.jobs import Entry
+
+    h, q = rq_setup, rq_setup.queue
+    h.jobs += enqueue_tickets(q, TICKETS[:3])
+    w = BatchWorker([q.name], connection=h.conn, name=h.worker_name, job_monitoring_interval=1)
+    w.register_birth()
+    entries = [Entry(job=j, queue=jq) for j, jq in intake.drain(w, limit=2)]  # takes 2, leaves 1 queued
+    assert [e.job.id for e in entries] == [j.id for j in h.jobs[:2]] and q.count == 1
+    outcome.start(w, entries, ttl=5)
+    assert set(q.started_job_registry.get_job_ids()) == {e.job.id for e in entries}
+    assert h.conn.llen(q.intermediate_queue_key) == 0
+    assert all(
+        Job.fetch(e.job.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.STARTED
+        for e in entries
+    )
+    assert all(h.conn.ttl(e.execution.key) <= 5 for e in entries)
+    BatchHeartbeat(w, entries).beat()
+    assert all(h.conn.ttl(e.execution.key) > 5 for e in entries)  # job_monitoring_interval + 60
+    w.register_death()
+
+
+def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup, tmp_path):
+    """A job naming a callback outside TRIAGE_RQ_ALLOWED_CALLBACKS is failed before the batch starts:
+    after a kill -9 mid-pass, RQ's registry cleanup in another worker finds only the accepted jobs
+    abandoned, and the refused job's callbacks are neither imported nor run."""
+    h, q = rq_setup, rq_setup.queue
+    mark = h.queue.name + ":refused-callback-ran"
+    probe = tmp_path / "imported"
+    good = enqueue_ticket(q, TICKETS[0])
+    refused = q.enqueue(
+        "worker.rq_jobs.classify",
+        {"text": TICKETS[1]},
+        on_failure=Callback("tests.test_rq.record_failure"),  # a real callback, just not an allowed one here
+        on_success=Callback("tests.rq_import_probe.anything"),  # importing this module leaves a file
+        meta={"mark": mark},
+    )
+    h.jobs += [good, refused]
+    env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
+    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class="tests.test_rq.StallingBatchWorker", **env)
+    try:
+        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
+        in_pass = h.conn.get(q.name + ":in-pass").decode()
+        proc.kill()  # kill -9 mid-pass
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # As if its executions' heartbeats had run out (job_monitoring_interval + 60 s later):
+    registry = q.started_job_registry
+    h.conn.zadd(registry.key, {m: 1 for m in h.conn.zrange(registry.key, 0, -1)}, xx=True)
+    # A second, plain RQ worker: its start-up maintenance runs StartedJobRegistry.cleanup.
+    second = subprocess.run(
+        [
+            RQ_CLI,
+            "worker",
+            "--worker-class",
+            "rq.worker.SimpleWorker",
+            "--serializer",
+            "json",
+            "--burst",
+            "--url",
+            h.url,
+            "--name",
+            h.worker_name + "-2",
+            q.name,
+        ],
+        cwd=REPO,
+        env={**h.env, "TRIAGE_TEST_PROBE_FILE": str(probe)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 0, second.stderr
+    h.conn.srem("rq:workers", f"rq:worker:{h.worker_name}-2")
+    assert h.conn.get(mark) is None, "the refused failure callback ran"
+    assert not probe.exists(), "the refused success callback's module was imported"
+    assert (
+        Job.fetch(good.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
+    )  # abandoned
+    refused = Job.fetch(refused.id, connection=h.conn, serializer=JSONSerializer)
+    assert refused.get_status() == JobStatus.FAILED
+    assert "callback(s) not allowed" in refused.latest_result().exc_string
+    assert in_pass == good.id  # only the accepted job went into the pass

@@ -1,0 +1,233 @@
+"""Faults with real processes and real sockets: kill -9 mid-batch and reclaim by a second
+worker (--drain), Redis connection loss (lost EXEC, lost EXEC reply, outage) through a TCP
+proxy, SIGTERM mid-stream.
+
+Process starts (importing torch) dominate the run time on a busy box, so the proxied
+worker is shared by the connection-loss test and the SIGTERM test that ends it, and the
+poison-entry test runs in test_worker_e2e.py against the worker there."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from urllib.parse import urlparse
+
+import pytest
+import redis
+
+from tests.tcp_proxy import TcpProxy
+from tests.worker_proc import REPO, delete_keys, env_with, make_env, outcomes, start_worker, wait_settled
+
+GROUP = "triage"
+
+
+def push(r, env, n, tag, text="my parcel is late and the invoice is wrong, please help"):
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        pipe.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"{tag}-{i}", "text": f"{text} #{i}"})
+    return pipe.execute()
+
+
+def own_pending(r, env, consumer):
+    for c in r.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["consumers"]:
+        if c["name"] == consumer:
+            return c["pending"]
+    return 0
+
+
+def test_kill9_mid_batch_then_second_worker_reclaims_everything(triage_env, redis_url):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    victim, rescuer = f"victim-{uuid.uuid4().hex[:6]}", f"rescuer-{uuid.uuid4().hex[:6]}"
+    ids = push(r, triage_env, 60, "k")
+    with start_worker(
+        env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_WINDOW_MAX_ITEMS=8, TRIAGE_PASS_MAX_ITEMS=8)
+    ) as a:
+        # the rescuer's start-up (seconds of imports) overlaps the victim's last moments;
+        # it cannot read anything before the victim is frozen a few milliseconds from now
+        b = start_worker(
+            env_with(triage_env, TRIAGE_CONSUMER=rescuer, TRIAGE_CLAIM_IDLE_MS=300), "run", "--drain", ready=False
+        )
+        stranded = _freeze_with_pending(r, triage_env, a, victim)
+        a.kill()  # kill -9: no shutdown code runs
+    assert own_pending(r, triage_env, victim) == stranded > 0
+    assert not b.events("worker_ready"), "the rescuer started too early for this test to mean anything"
+    with b:
+        assert b.wait(120) == 0, b.stderr_tail()
+    assert b.events("entries_claimed"), b.stderr_tail()
+    settled = wait_settled(r, triage_env, ids, timeout_s=5)  # also fails on any id written twice
+    assert all(kind == "result" for kind, _ in settled.values())
+    by_rescuer = sum(rec["worker"] == rescuer for _, rec in settled.values())
+    assert by_rescuer >= stranded
+    assert r.xpending(triage_env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] == 0
+    assert b.events("worker_stopped")[-1]["reason"] == "drained"
+
+
+def _freeze_with_pending(r, env, w, consumer, timeout_s=60.0) -> int:
+    """SIGSTOP the worker at a moment it holds unacked entries; their count."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if own_pending(r, env, consumer) > 0:
+            os.kill(w.pid, signal.SIGSTOP)
+            time.sleep(0.3)  # an EXEC already on the wire lands now
+            n = own_pending(r, env, consumer)
+            if n > 0:
+                return n
+            os.kill(w.pid, signal.SIGCONT)
+        time.sleep(0.005)
+    raise AssertionError("worker never held pending entries")
+
+
+@pytest.fixture(scope="module")
+def proxy(redis_url):
+    target = urlparse(redis_url)
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 6379) as p:
+        p.url = redis_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{p.port}")
+        yield p
+
+
+@pytest.fixture(scope="module")
+def proxied(tiny_model_dir, redis_url, tmp_path_factory, proxy):
+    """(env, worker): a worker whose every Redis connection goes through ``proxy``; small batches."""
+    prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
+    env = make_env(
+        tiny_model_dir,
+        proxy.url,
+        prefix,
+        tmp_path_factory.mktemp("cache"),
+        TRIAGE_RECONNECT_MAX_S=0.5,
+        TRIAGE_WINDOW_MAX_ITEMS=2,
+        TRIAGE_PASS_MAX_ITEMS=2,
+        TRIAGE_MAX_WAIT_MS=0,
+    )
+    with start_worker(env) as w:
+        yield env, w
+    delete_keys(redis_url, prefix)
+
+
+def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, proxy, redis_url):
+    env, w = proxied
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    # 1. the settle script never reaches Redis: the window is written after reconnecting
+    proxy.drop_at(b"EVALSHA", after=False)
+    ids = push(r, env, 6, "before-exec")
+    assert proxy.triggered.wait(30)
+    wait_settled(r, env, ids)
+    # 2. the settle script runs but its reply is lost: the retry sees the entries acked and writes nothing twice
+    proxy.drop_at(b"EVALSHA", after=True)
+    ids += push(r, env, 6, "after-exec")
+    assert proxy.triggered.wait(30)
+    wait_settled(r, env, ids)
+    # 3. an outage: every connection reset, new ones refused, tickets keep arriving
+    proxy.cut()
+    ids += push(r, env, 6, "outage")
+    w.wait_for(lambda e: e.get("event") == "redis_unavailable" and e.get("op") == "read", timeout_s=30)
+    time.sleep(1.0)
+    proxy.restore()
+    settled = wait_settled(r, env, ids)  # fails if anything was written twice
+    assert all(kind == "result" for kind, _ in settled.values())
+    assert len([e for e in w.events("redis_unavailable") if e["op"] == "write"]) >= 2, w.stderr_tail()
+    assert w.events("entries_not_ours_anymore"), "the lost-reply retry must notice the commit"
+    assert w.events("redis_reconnected")
+    assert w.returncode is None
+    assert r.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] == 0
+
+
+def test_sigterm_mid_stream_exits_0_loses_nothing_acks_nothing_unwritten(proxied, redis_url):
+    env, w = proxied
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    seen = len(w.events("window"))
+    ids = push(r, env, 300, "t")
+    deadline = time.monotonic() + 60
+    while len(w.events("window")) <= seen:  # one window of the new tickets is done: mid-stream now
+        assert time.monotonic() < deadline, w.stderr_tail()
+        time.sleep(0.01)
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.stderr_tail()
+    assert w.events("warm_shutdown") and w.events("worker_stopped")[-1]["reason"] == "signal SIGTERM"
+
+    group = next(g for g in r.xinfo_groups(env["TRIAGE_INPUT_STREAM"]) if g["name"] == GROUP)
+    assert group["pending"] == 0, "a warm stop finishes and acks everything it read"
+    last = tuple(map(int, group["last-delivered-id"].split("-")))
+    done = outcomes(r, env)
+    delivered = [i for i in ids if tuple(map(int, i.split("-"))) <= last]
+    assert 0 < len(delivered) < len(ids), "the signal should land mid-stream"
+    for i in ids:
+        recs = done.get(i, [])
+        if i in delivered:  # acked => its result exists, exactly once
+            assert [k for k, _ in recs] == ["result"], (i, recs)
+        else:  # never read: still in the stream for the next worker
+            assert recs == [], (i, recs)
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    """Cold shutdown, in a real process with the worker's real handler (no model needed):
+    the first SIGTERM only asks to stop, the second exits immediately with 128+15."""
+    script = tmp_path / "cold.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from worker.logs import configure_logging, get_logger\n"
+        "from worker.stream.shutdown import Shutdown\n"
+        "configure_logging('json')\n"
+        "s = Shutdown(get_logger('t')); s.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert s.stop.wait(5)\n"
+        "print('warm stop requested', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(10)\n"
+        "print('still running', flush=True)\n"
+    )
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    assert p.stdout.splitlines() == ["warm stop requested"]
+    assert '"event": "warm_shutdown"' in p.stderr and '"event": "cold_shutdown"' in p.stderr
+
+
+def _closed_port_url() -> str:
+    from tests.integration.chaos.redis_server import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: connection refused
+
+
+def test_drain_against_unreachable_redis_gives_up_before_loading_the_model(triage_env):
+    """--drain must not hang: Redis is checked first, the model is never loaded, exit code 3 with a clear reason."""
+    env = env_with(
+        triage_env, TRIAGE_REDIS_URL=_closed_port_url(), TRIAGE_DRAIN_REDIS_TIMEOUT_S=1, TRIAGE_RECONNECT_MAX_S=0.2
+    )
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(timeout_s=120) == 3, w.stderr_tail()
+    assert not w.events("model_loaded"), "Redis must be checked before the model loads"
+    gave_up = w.events("redis_unreachable")
+    assert gave_up and "TRIAGE_REDIS_URL" in gave_up[-1]["action"], w.stderr_tail()
+    assert w.events("waiting_for_redis")
+
+
+def test_run_waits_for_redis_before_loading_the_model(triage_env):
+    """Run mode: a clear line, then wait and retry (as long as it takes); the first SIGTERM ends the wait."""
+    env = env_with(triage_env, TRIAGE_REDIS_URL=_closed_port_url(), TRIAGE_RECONNECT_MAX_S=0.2)
+    with start_worker(env, "run", ready=False) as w:
+        w.wait_for(lambda e: e.get("event") == "redis_unavailable" and e.get("attempt", 0) >= 3, timeout_s=120)
+        assert not w.events("model_loaded"), "Redis must be checked before the model loads"
+        assert w.stop() == 0, w.stderr_tail()
+    assert w.events("waiting_for_redis") and w.events("worker_stopped")
+
+
+def test_results_key_of_another_type_stops_the_worker_before_anything_is_written(triage_env, redis_url):
+    """Somebody replaces the results stream by a string while the worker runs: the settle script checks the
+    key types first, so nothing of the window is written or acked; the worker stops (exit 1) for an operator."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with start_worker(env_with(triage_env, TRIAGE_CONSUMER=f"wt-{uuid.uuid4().hex[:6]}")) as w:
+        r.set(triage_env["TRIAGE_RESULTS_STREAM"], "not a stream")
+        ids = push(r, triage_env, 3, "wrongtype")
+        assert w.wait(timeout_s=60) == 1, w.stderr_tail()
+    assert w.events("wrong_key_type"), w.stderr_tail()
+    assert r.get(triage_env["TRIAGE_RESULTS_STREAM"]) == "not a stream"
+    dead = triage_env["TRIAGE_DEAD_LETTER_STREAM"]
+    assert not r.exists(dead) or r.xlen(dead) == 0
+    pending = {e["message_id"] for e in r.xpending_range(triage_env["TRIAGE_INPUT_STREAM"], GROUP, "-", "+", 10)}
+    assert pending == set(ids), "nothing may be acked without its result"
+    for i in range(3):
+        assert r.get(triage_env["TRIAGE_RESULT_KEY_PREFIX"] + f"wrongtype-{i}") is None

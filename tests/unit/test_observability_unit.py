@@ -1,0 +1,196 @@
+"""Pure logic behind the metrics and the status view: reason classes, the loop adapter, flags, rendering."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from worker.engine.types import PassStats, RunStats
+from worker.observability.prometheus import Metrics, PrometheusMetrics
+from worker.observability.reasons import REASON_CLASSES, reason_class
+from worker.observability.status import _worker
+from worker.observability.status_view import render
+from worker.stream.messages import Rejected, parse_entry
+from worker.stream.metrics import WindowMetrics
+from worker.stream.sink import Outcome
+from worker.stream.source import RawEntry
+from worker.stream.window import Window, build_window, poison_reason, to_outcome
+
+ENTRIES = {  # fields -> the class the worker's own reason sentence must fall into
+    "no_text": {b"id": b"x", b"body": b"hi"},
+    "empty_text": {b"text": b"  \n"},
+    "not_utf8": {b"text": b"caf\xe9"},
+    "too_large": {b"text": b"x" * 101},
+    "bad_meta": {b"text": b"hi", b"meta": b"[1]"},
+    "bad_id": {b"id": b"two\nlines", b"text": b"hi"},
+    "deleted": {},
+}
+
+
+@pytest.mark.parametrize("want", sorted(ENTRIES))
+def test_every_parse_rejection_has_its_own_reason_class(want):
+    got = parse_entry("1-0", ENTRIES[want], max_text_bytes=100)
+    assert isinstance(got, Rejected)
+    assert reason_class(got.reason) == want, got.reason
+
+
+def test_worker_made_reasons_are_classed_not_other():
+    assert reason_class(poison_reason(6, 5)) == "poison"
+    w = build_window([RawEntry("1-0", {b"text": b"hi"}, 1, "new")], "new", _raise, max_text_bytes=100, max_deliveries=5)
+    assert reason_class(w.rejected[0][2]) == "tokenizer_error"
+    w = Window(
+        entries=[RawEntry("2-0", {b"text": b"hi"}, 1, "new")],
+        source="new",
+        tickets=[parse_entry("2-0", {b"text": b"hi"}, max_text_bytes=100)],
+    )
+    out, _ = to_outcome(w, [RuntimeError("CUDA out of memory")], model="m", worker="w")
+    assert reason_class(out.dead_letters[0]["reason"]) == "model_error"
+    assert reason_class("ticket is 900 tokens, over the 512-token limit (truncation is off)") == "too_many_tokens"
+    assert reason_class("something new") == "other" and "other" in REASON_CLASSES
+
+
+def _raise(texts):
+    raise ValueError("tokenizer exploded")
+
+
+def _window_metrics(stats: RunStats) -> WindowMetrics:
+    return WindowMetrics(
+        window=1,
+        source="claimed",
+        stats=stats,
+        items=2,
+        dead_lettered=1,
+        read_ms=5.0,
+        tokenize_ms=2.0,
+        write_ms=4.0,
+        backlog=7,
+        pending=9,
+    )
+
+
+def _feed(m, passes: list[tuple[int, int, float]]) -> None:
+    """What the loop does: each pass, then the written outcome, then the window."""
+    run = _run(passes)
+    for p in run.pass_stats:
+        m.on_pass(p)
+    m.on_written(_written())
+    m.on_window(_window_metrics(run))
+
+
+def _written() -> Outcome:
+    return Outcome(
+        results=[
+            {"stream_id": "1-0", "latency_ms": "1500.0", "tokens": "7"},
+            {"stream_id": "2-0", "latency_ms": "20.5", "tokens": "9"},
+        ],
+        dead_letters=[{"stream_id": "3-0", "reason": "text is empty (or only whitespace); nothing to classify"}],
+        ack_ids=["1-0", "2-0", "3-0"],
+    )
+
+
+def _run(passes: list[tuple[int, int, float]]) -> RunStats:
+    """A RunStats made of passes (items, padded tokens, infer ms), as the engine builds it."""
+    run = RunStats()
+    for items, padded, infer_ms in passes:
+        run.add(PassStats(items=items, real_tokens=padded - 5, padded_tokens=padded, infer_ms=infer_ms))
+    return run
+
+
+def test_loop_hooks_feed_every_metric_from_the_loops_own_objects():
+    m = PrometheusMetrics(CollectorRegistry())
+    m.set_phase("reading")
+    _feed(m, [(1, 25, 100.0), (1, 25, 200.0)])
+    v = m.registry.get_sample_value
+    assert v("triage_request_count_total") == 3 and v("triage_request_success_total") == 2
+    assert v("triage_request_failure_total", {"reason": "empty_text"}) == 1
+    assert v("triage_request_failure_total", {"reason": "poison"}) == 0  # pre-created: rate() works from the start
+    assert v("triage_request_duration_seconds_count") == 2
+    assert v("triage_request_duration_seconds_bucket", {"le": "1.0"}) == 1  # 20.5 ms in, 1.5 s out
+    assert v("triage_request_input_tokens_sum") == 16
+    assert v("triage_window_size_sum") == 3 and v("triage_window_entries_total", {"source": "claimed"}) == 3
+    assert v("triage_window_inference_duration_seconds_sum") == pytest.approx(0.3)
+    assert v("triage_batch_next_size_count") == 2 and v("triage_batch_next_size_sum") == 2
+    assert v("triage_batch_inference_duration_seconds_count") == 2
+    assert v("triage_real_tokens_total") == 40 and v("triage_padded_tokens_total") == 50
+    assert v("triage_queue_size") == 7 and v("triage_queue_pending") == 9
+    assert v("triage_worker_phase", {"phase": "reading"}) == 1 and v("triage_worker_phase", {"phase": "starting"}) == 0
+
+
+def test_per_pass_records_feed_pass_tokens_and_durations():
+    m = PrometheusMetrics(CollectorRegistry())
+    _feed(m, [(3, 48, 120.0), (1, 9, 15.0)])
+    v = m.registry.get_sample_value
+    assert v("triage_batch_next_size_sum") == 4 and v("triage_batch_next_tokens_sum") == 57
+    assert v("triage_batch_inference_duration_seconds_sum") == pytest.approx(0.135)
+
+
+def test_phase_is_one_hot_and_unknown_phases_do_not_raise():
+    m = PrometheusMetrics(CollectorRegistry())
+    m.set_phase("inferring")
+    m.set_phase("waiting-for-gpu")
+    v = m.registry.get_sample_value
+    assert v("triage_worker_phase", {"phase": "waiting-for-gpu"}) == 1
+    assert v("triage_worker_phase", {"phase": "inferring"}) == 0
+    assert v("triage_worker_phase", {"phase": "starting"}) == 0
+
+
+def test_metrics_off_hooks_accept_the_same_calls():
+    off = Metrics()
+    off.set_phase("inferring")
+    off.set_model(model="m", device="cpu", dtype="fp32", consumer="c")
+    _feed(off, [(2, 8, 1.0)])
+    off.reconnected()
+    assert not off.enabled
+
+
+NOW = 1_000_000_000
+
+
+@pytest.mark.parametrize(
+    "beat, xinfo, flags, state",
+    [
+        ({"beat_at_ms": NOW}, {"pending": 0, "idle": 10}, [], "alive"),
+        ({"beat_at_ms": NOW}, None, ["not_read_yet"], "alive"),
+        ({"beat_at_ms": NOW}, {"pending": 4, "idle": 40_000}, ["slow"], "alive"),
+        (None, {"pending": 3, "idle": 1_000}, ["dead"], "dead"),
+        (None, {"pending": 3, "idle": 70_000}, ["dead", "reclaimable"], "dead"),
+        (None, {"pending": 0, "idle": 70_000}, ["gone"], "gone"),
+    ],
+)
+def test_worker_flags(beat, xinfo, flags, state):
+    row = _worker("c", beat, xinfo, 0, NOW, claim_idle_ms=60_000)
+    assert row["flags"] == flags and row["state"] == state
+
+
+def test_render_shows_phase_and_pass_age_when_the_heartbeat_has_them():
+    beat = {
+        "host": "gpu-1",
+        "pid": 42,
+        "model": "bundled:smollm2",
+        "beat_at_ms": NOW - 1_000,
+        "phase": "inferring",
+        "phase_since_ms": NOW - 3_000,
+        "pass_started_at_ms": NOW - 2_000,
+    }
+    row = _worker("gpu-1-42", beat, {"pending": 64, "idle": 3_000}, 120, NOW, claim_idle_ms=60_000)
+    assert row["phase_age_s"] == 3.0 and row["pass_age_s"] == 2.0
+    snap = {
+        "time_ms": NOW,
+        "stream": "s",
+        "group": "g",
+        "claim_idle_ms": 60_000,
+        "queue": {"exists": True, "length": 900, "backlog": 800, "pending": 64, "last_delivered_id": "1-0"},
+        "results": {
+            "window_s": 60.0,
+            "count": 120,
+            "per_s": 2.0,
+            "newest_age_s": 0.5,
+            "latency_ms": {"p50": 120.0, "p90": 900.0, "p99": 1500.0, "max": 2000.0},
+        },
+        "dead_letters": {"length": 2, "in_window": 1, "by_reason": {"bad_meta": 1}},
+        "workers": [row],
+        "summary": {"workers": 1, "alive": 1, "dead": 0, "pending_on_dead": 0, "reclaimable": 0},
+    }
+    text = render(snap, "redis://r:6379/0")
+    assert "inferring 3.0s (pass 2.0s)" in text and "gpu-1-42" in text and "bundled:smollm2" in text
+    assert "backlog 800  pending 64" in text and "p99 1.5 s" in text and "(bad_meta 1)" in text

@@ -1,0 +1,103 @@
+"""worker.preflight: unknown TRIAGE_ names, values named by their env var, Redis URLs, task files."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker import preflight
+from worker.engine.task import TaskError, load_task_file
+from worker.settings import Settings
+
+BAD_URL = "redis://:s3cret@host:notaport/0"
+
+
+# ----------------------------------------------------------------- unit: names and values
+def test_unknown_triage_variable_gets_a_did_you_mean():
+    env = {"TRIAGE_MAX_BATCH_ITEM": "3", "TRIAGE_MODEL": "x", "PATH": "/bin"}
+    (p,) = preflight.unknown_env(env)
+    assert p.where == "TRIAGE_MAX_BATCH_ITEM" and "did you mean TRIAGE_MAX_BATCH_ITEMS?" in str(p)
+
+
+def test_known_families_do_not_trip_the_unknown_check():
+    env = {
+        "TRIAGE_INPUT_MAX_BACKLOG": "5",
+        "TRIAGE_BACKPRESSURE": "refuse",
+        "TRIAGE_WAIT_POLL_MAX_MS": "10",  # producer-only
+        "TRIAGE_MAX_BATCH_ITEMS": "8",
+        "TRIAGE_BATCH_OVERHEAD_TOKENS": "4",  # deprecated aliases
+        "TRIAGE_WINDOW_MAX_ITEMS": "8",
+        "TRIAGE_PASS_MAX_TOKENS": "512",  # their new names
+        "TRIAGE_TEST_REDIS_URL": "redis://x",
+        "TRIAGE_CHAOS_SCALE": "quick",
+        "TRIAGE_DATA_DIR": "/d",
+        "TRIAGE_REDIS_PORT": "1",
+    }
+    assert preflight.unknown_env(env) == []
+
+
+def test_invalid_value_is_named_by_its_env_var(monkeypatch):
+    monkeypatch.setenv("TRIAGE_MAX_BATCH_ITEMS", "0")
+    settings, problems = preflight.load_settings(Settings, unknown=False)
+    assert settings is None and [p.where for p in problems] == ["TRIAGE_MAX_BATCH_ITEMS"]
+    assert "greater than or equal to 1" in str(problems[0])
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://127.0.0.1:6379", "schemes"),
+        ("redis://127.0.0.1:port/0", "Port"),
+        ("redis://127.0.0.1:6379/zero", "database number"),
+        ("redis:///0", "no host"),
+        ("", "is empty"),
+    ],
+)
+def test_malformed_redis_urls(url, words):
+    p = preflight.redis_url_problem(url)
+    assert p is not None and p.where == "TRIAGE_REDIS_URL" and words in str(p)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "rediss://:pw@h:6380/1?ssl_cert_reqs=none",
+        "unix:///tmp/r.sock?db=2",
+        "redis://h/0?password=x",
+    ],
+)
+def test_good_redis_urls(url):
+    assert preflight.redis_url_problem(url) is None
+
+
+# ----------------------------------------------------------------- unit: the task file
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        (
+            "typo.yaml",
+            "labels:\n  - name: billing\n    descripton: money\n  - tech\n",
+            "typo.yaml:3: unknown key 'descripton' in label 1 (did you mean 'description'?)",
+        ),
+        (
+            "top.yaml",
+            "labels: [a, b]\nexampels: []\n",
+            "top.yaml:2: unknown key 'exampels' in the task file (did you mean 'examples'?)",
+        ),
+        (
+            "notext.yaml",
+            "labels: [a, b]\nexamples:\n  - {text: hi, label: a}\n  - {label: b}\n",
+            "notext.yaml:4: example 2 has no 'text'",
+        ),
+        ("broken.yaml", "labels: [a, b\nexamples: []\n", "broken.yaml:2:"),
+        ("bad.json", '{"labels": ["a", "b",]}', "bad.json:1:"),
+        ("nolabel.yaml", "labels: [a, b]\nexamples:\n  - {text: hi, label: c}\n", "example label 'c' is not one of"),
+    ],
+)
+def test_task_file_errors_name_the_file_and_line(tmp_path, name, text, words):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TaskError) as info:
+        load_task_file(path)
+    assert words in str(info.value) and "<unicode string>" not in str(info.value)
+    assert str(path) in str(info.value)

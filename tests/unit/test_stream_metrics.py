@@ -1,0 +1,45 @@
+"""worker.stream.metrics: the window/pass log lines and the summary period. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.engine.types import PassStats, RunStats
+from worker.stream.metrics import Summary, WindowMetrics, pass_line, percentile
+
+
+def test_percentile_matches_linear_interpolation():
+    assert percentile([], 50) is None
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+    assert percentile([10, 0, 5], 0) == 0 and percentile([10, 0, 5], 100) == 10
+    with pytest.raises(ValueError):
+        percentile([1], 101)
+
+
+def test_window_line_has_the_canonical_fields_from_the_engine_stats():
+    stats = RunStats()
+    stats.add(PassStats(items=3, real_tokens=20, padded_tokens=24, prefix_tokens_reused=30, infer_ms=10))
+    stats.add(PassStats(items=1, real_tokens=10, padded_tokens=16, infer_ms=5))
+    m = WindowMetrics(window=3, stats=stats, items=4, tokenize_ms=1, write_ms=4, latencies_ms=[10, 20, 30, 40])
+    line = m.line()
+    assert line["window"] == 3 and line["passes"] == 2 and line["infer_ms"] == 15.0
+    assert line["padding_pct"] == 25.0 and line["items_per_s"] == 200.0
+    assert line["latency_p50_ms"] == 25.0 and line["latency_p99_ms"] == pytest.approx(39.7)
+    for key in ("prefix_tokens_reused", "read_ms", "backlog", "pending", "dead_lettered", "split_retries"):
+        assert key in line
+    p = pass_line(3, 1, stats, split_retries=0)
+    assert (p["window"], p["pass"], p["items"], p["padding_pct"]) == (3, 1, 4, 25.0)
+
+
+def test_summary_covers_one_period_then_resets():
+    s = Summary(period_s=10, now_s=100.0)
+    assert not s.due(105.0) and s.due(110.0)
+    stats = RunStats()
+    stats.add(PassStats(items=50, real_tokens=90, padded_tokens=100))
+    s.add(WindowMetrics(window=1, stats=stats, items=50, dead_lettered=2, latencies_ms=[1.0, 3.0]))
+    line = s.take(110.0)
+    assert (line["items"], line["dead_lettered"], line["items_per_s"], line["latency_p50_ms"]) == (50, 2, 5.0, 2.0)
+    assert (line["windows"], line["passes"], line["padding_pct"]) == (1, 1, 10.0)
+    assert s.take(120.0)["items"] == 0
