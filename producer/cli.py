@@ -160,7 +160,8 @@ def cmd_backlog(args) -> int:
     client = _client(args)
     s = client.settings
     print(
-        f"{client.backlog()} tickets waiting in {s.input_stream} (limit {s.input_max_backlog or 'none'}, policy {s.backpressure})"
+        f"{client.backlog()} tickets waiting in {s.input_stream} "
+        f"(limit {s.input_max_backlog or 'none'}, policy {s.backpressure})"
     )
     return EXIT_OK
 

@@ -230,17 +230,24 @@ class TriageClient:
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
 
     def result(self, ticket: str | Submitted, timeout_s: float = 30.0) -> Result:
-        """One ticket's result (of that submission, given a ``Submitted``); ``TimeoutError`` if none within ``timeout_s``."""
+        """One ticket's result (of that submission, given a ``Submitted``).
+
+        ``TimeoutError`` if none within ``timeout_s``.
+        """
         ticket_id = ticket.ticket_id if isinstance(ticket, Submitted) else ticket
         got = self.wait([ticket], timeout_s)
         if ticket_id not in got:
             raise TimeoutError(
-                f"no result for ticket {ticket_id!r} within {timeout_s}s (is a worker running on {self.settings.input_stream!r}?)"
+                f"no result for ticket {ticket_id!r} within {timeout_s}s "
+                f"(is a worker running on {self.settings.input_stream!r}?)"
             )
         return got[ticket_id]
 
     def _stream_tails(self) -> dict[str, str]:
-        """Last entry id of the results and dead-letter streams ("0-0" if empty): XREAD from here sees only new writes."""
+        """Last entry id of the results and dead-letter streams ("0-0" if empty).
+
+        XREAD from here sees only new writes.
+        """
         s = self.settings
         pipe = self.redis.pipeline(transaction=False)
         for name in (s.results_stream, s.dead_letter_stream):

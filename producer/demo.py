@@ -132,7 +132,8 @@ def summarize(client: TriageClient, worker: WorkerProcess, labels_by_id: dict[st
     busy_ms = sum(float(b.get(k) or 0) for b in windows for k in ("tokenize_ms", "infer_ms", "write_ms"))
     done_at = [int(f["classified_at_ms"]) for f in results if f.get("classified_at_ms")]
     ready_ms = int(worker.ready_at_s * 1000) if worker.ready_at_s else None
-    # Tickets were all queued before the worker started: count their wait from when it was ready, not from model loading.
+    # Tickets were all queued before the worker started:
+    # count their wait from when it was ready, not from model loading.
     latencies = []
     for f in results:
         if "stream_id" in f and "classified_at_ms" in f:
@@ -167,18 +168,21 @@ def _fmt(v, spec: str = ".1f", unit: str = "") -> str:
 
 def render(sm: dict, n_bad: int) -> str:
     total = sm["classified"] or 1
+    agreement = sm["agreement_with_intended_label"]
+    agreement_pct = None if agreement is None else 100 * agreement
     lines = [
         "",
         "=== triage demo summary ===",
-        f"model           {sm['model']}  on {sm['device']} / {sm['dtype']}  (loaded in {_fmt(sm['model_load_ms'], '.0f', ' ms')})",
+        f"model           {sm['model']}  on {sm['device']} / {sm['dtype']}  "
+        f"(loaded in {_fmt(sm['model_load_ms'], '.0f', ' ms')})",
         f"classified      {sm['classified']} tickets in {sm['windows']} windows ({sm['passes']} forward passes)",
         "labels          " + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sm["labels"].most_common()),
-        f"agreement       {_fmt(None if sm['agreement_with_intended_label'] is None else 100 * sm['agreement_with_intended_label'], '.0f', '%')}"
-        " with the generator's intended label",
+        f"agreement       {_fmt(agreement_pct, '.0f', '%')} with the generator's intended label",
         f"throughput      {_fmt(sm['items_per_s_wall'])} items/s wall (worker ready -> last result), "
         f"{_fmt(sm['items_per_s_busy'])} items/s busy (tokenize+infer+write)",
         f"padding         {_fmt(sm['padding_pct'], '.1f', '%')} of computed tokens (length-bucketed passes)",
-        f"latency         p50 {_fmt(sm['latency_p50_ms'], '.0f', ' ms')}, p99 {_fmt(sm['latency_p99_ms'], '.0f', ' ms')}"
+        f"latency         p50 {_fmt(sm['latency_p50_ms'], '.0f', ' ms')}, "
+        f"p99 {_fmt(sm['latency_p99_ms'], '.0f', ' ms')}"
         " (enqueue or worker-ready -> result; all tickets were queued up front)",
         f"dead-lettered   {sm['dead_lettered']} (of {n_bad} deliberately bad tickets)",
     ]

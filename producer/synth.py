@@ -181,7 +181,10 @@ def _log_lines(rng: random.Random) -> Iterator[str]:
     t = rng.randint(0, 80_000)
     while True:
         t += rng.randint(0, 40)
-        stamp = f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}.{rng.randint(0, 999):03d}Z"
+        stamp = (
+            f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            f"T{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}.{rng.randint(0, 999):03d}Z"
+        )
         if rng.random() < 0.2:
             yield "    " + _fill(rng.choice(P.STACK_FRAMES), rng)
         else:
@@ -192,18 +195,29 @@ def _log_lines(rng: random.Random) -> Iterator[str]:
 def _invoice_lines(rng: random.Random) -> Iterator[str]:
     while True:
         status = rng.choice(("paid", "paid", "refunded", "failed", "pending"))
-        yield f"{_fill('{invoice}', rng)}  2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}  {_fill('{plan}', rng)}  {_fill('{amount}', rng)}  {status}"
+        yield (
+            f"{_fill('{invoice}', rng)}  2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}  "
+            f"{_fill('{plan}', rng)}  {_fill('{amount}', rng)}  {status}"
+        )
 
 
 def _tracking_lines(rng: random.Random) -> Iterator[str]:
     while True:
-        yield f"{rng.choice(('Mar', 'Apr', 'May', 'Jun'))} {rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}  {rng.choice(P.CITIES).upper()}  {rng.choice(P.TRACKING_EVENTS)}"
+        yield (
+            f"{rng.choice(('Mar', 'Apr', 'May', 'Jun'))} {rng.randint(1, 28):02d} "
+            f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}  "
+            f"{rng.choice(P.CITIES).upper()}  {rng.choice(P.TRACKING_EVENTS)}"
+        )
 
 
 def _login_lines(rng: random.Random) -> Iterator[str]:
     while True:
         ip = f"{rng.choice((203, 198, 192))}.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"
-        yield f"2024-05-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} UTC  {rng.choice(P.LOGIN_EVENTS)}  IP {ip}  {rng.choice(('Chrome', 'Safari', 'Firefox', 'Edge'))} on {_fill('{device}', rng)}"
+        yield (
+            f"2024-05-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} UTC  "
+            f"{rng.choice(P.LOGIN_EVENTS)}  IP {ip}  "
+            f"{rng.choice(('Chrome', 'Safari', 'Firefox', 'Edge'))} on {_fill('{device}', rng)}"
+        )
 
 
 def _email_thread(rng: random.Random, label: str) -> Iterator[str]:

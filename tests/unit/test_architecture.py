@@ -1,4 +1,7 @@
-"""The shape of the code: pure modules import no torch, no import cycles, the engine's imports, settings through child environments."""
+"""The shape of the code.
+
+Pure modules import no torch, no import cycles, the engine's imports, settings through child environments.
+"""
 
 from __future__ import annotations
 

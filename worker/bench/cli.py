@@ -330,7 +330,8 @@ def _run(
             print(f"plot: {args.plot}")
         except ImportError as e:  # matplotlib is optional (the GPU box may lack it)
             print(
-                f"plot skipped ({e}); re-plot later: python -m worker.bench.plot {args.json or 'BENCH.json'} {args.plot}"
+                f"plot skipped ({e}); re-plot later: "
+                f"python -m worker.bench.plot {args.json or 'BENCH.json'} {args.plot}"
             )
     print(f"total {doc['total_s']:.0f}s (model load, GEMM, all modes)")
     return 0

@@ -188,13 +188,18 @@ def sweep_table(rows: Sequence[dict]) -> str:
 def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, settings: dict) -> str:
     hw = hardware
     lines = [
-        f"hardware : {hw['cpu_model']} | {hw['cpu_cores']} cores | torch threads {hw['torch_threads']}{_threads_note(hw)} | "
-        f"device {hw['device']}{' (' + hw['device_name'] + ')' if hw.get('device_name') else ''} | dtype {hw['dtype']} | "
+        f"hardware : {hw['cpu_model']} | {hw['cpu_cores']} cores | "
+        f"torch threads {hw['torch_threads']}{_threads_note(hw)} | "
+        f"device {hw['device']}{' (' + hw['device_name'] + ')' if hw.get('device_name') else ''} | "
+        f"dtype {hw['dtype']} | "
         f"torch {hw['torch']} | transformers {hw['transformers']}",
-        f"model    : {model.get('label') or model['name']} | {model['shape']['layers']} layers, hidden {model['shape']['hidden']}, "
+        f"model    : {model.get('label') or model['name']} | {model['shape']['layers']} layers, "
+        f"hidden {model['shape']['hidden']}, "
         f"{model['shape']['non_embedding_params'] / 1e6:.1f}M non-embedding params",
-        f"workload : {workload['source']} | {workload['n']} tickets | text tokens p50 {workload['text_tokens'].get('p50')} "
-        f"p90 {workload['text_tokens'].get('p90')} p99 {workload['text_tokens'].get('p99')} max {workload['text_tokens'].get('max')} "
+        f"workload : {workload['source']} | {workload['n']} tickets | "
+        f"text tokens p50 {workload['text_tokens'].get('p50')} "
+        f"p90 {workload['text_tokens'].get('p90')} p99 {workload['text_tokens'].get('p99')} "
+        f"max {workload['text_tokens'].get('max')} "
         f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
         f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
         f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of "
@@ -213,7 +218,8 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
     if gemm:
         per_cpu = f", {gemm['flops_per_cpu_s'] / 1e9:,.1f} GFLOP per CPU-second" if hw["device"] == "cpu" else ""
         lines.append(
-            f"GEMM     : {gemm['flops_per_s'] / 1e9:,.1f} GFLOP/s measured{per_cpu} ({gemm['dtype']}, M={gemm['tokens']}, "
+            f"GEMM     : {gemm['flops_per_s'] / 1e9:,.1f} GFLOP/s measured{per_cpu} "
+            f"({gemm['dtype']}, M={gemm['tokens']}, "
             f"the model's 7 linear shapes, best of 5)"
         )
     if hw.get("load_avg_1m") is not None:
@@ -249,7 +255,8 @@ def redis_line(red: dict) -> str:
     )
     return (
         f"6 through Redis + worker: {red['items']} tickets, {_f(red['items_per_s'], 2)} items/s "
-        f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) over {red['wall_s']:.1f}s from worker_ready to the "
+        f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) "
+        f"over {red['wall_s']:.1f}s from worker_ready to the "
         f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
         f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "

@@ -194,11 +194,13 @@ def _print_table(report: dict) -> None:
     for c in report["learning_curve"]:
         print(
             f"  curve: {c['per_label']:3d}/label head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
-            f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} ECE {c['ece']:.3f} ({c['repeats']}x)",
+            f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} "
+            f"ECE {c['ece']:.3f} ({c['repeats']}x)",
             file=out,
         )
     print(
-        f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   ({report['wall_s']} s)",
+        f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   "
+        f"({report['wall_s']} s)",
         file=out,
     )
 
@@ -206,7 +208,8 @@ def _print_table(report: dict) -> None:
 def markdown_table(report: dict) -> str:
     """The methods table (and learning curve) as Markdown, for docs."""
     lines = [
-        f"{report['model']} ({report['dtype']}, {report['device']}); test: {report['n_test']} tickets, train: {report['n_train']}",
+        f"{report['model']} ({report['dtype']}, {report['device']}); "
+        f"test: {report['n_test']} tickets, train: {report['n_train']}",
         "",
         "| method | accuracy | macro-F1 | ECE | kept at p>=0.5 (acc) | kept at p>=0.7 (acc) |",
         "|---|---|---|---|---|---|",

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         task = task.with_examples(pick_examples(rows, args.k, args.seed, task.labels))
         write_task_file(task, args.examples_out)
         print(
-            f"wrote {len(task.examples)} examples ({args.k} per label) to {args.examples_out}  -> TRIAGE_TASK_FILE={args.examples_out}"
+            f"wrote {len(task.examples)} examples ({args.k} per label) to {args.examples_out}  "
+            f"-> TRIAGE_TASK_FILE={args.examples_out}"
         )
     if args.out:
         _fit(args, settings, task, rows)

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"label agreement {report.agreement_pct:.2f}%   max |dprob| {report.max_abs_delta_prob:.2e}", file=out)
     print(
-        f"items/s batched {report.batched_items_per_s:.1f}  reference {report.reference_items_per_s:.1f}  ({report.speedup:.1f}x)",
+        f"items/s batched {report.batched_items_per_s:.1f}  reference {report.reference_items_per_s:.1f}  "
+        f"({report.speedup:.1f}x)",
         file=out,
     )
     for d in report.disagreements[:20]:

@@ -157,7 +157,8 @@ def evaluate_all(
             "prompt_hash": prompt_hash(clf),
         }
         log(
-            f"{name}: {len(items)} tickets in {p.seconds:.1f} s{' (cached)' if p.cached else ''} (prefix {clf.prefix_length} tokens)"
+            f"{name}: {len(items)} tickets in {p.seconds:.1f} s{' (cached)' if p.cached else ''} "
+            f"(prefix {clf.prefix_length} tokens)"
         )
         if not score:
             continue

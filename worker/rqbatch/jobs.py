@@ -67,7 +67,8 @@ def check_job(entry: Entry, max_text_bytes: int, allowed_callbacks: frozenset[st
             instance, args, kwargs = job.instance, job.args, job.kwargs
         except DeserializationError:
             raise InvalidJob(
-                "job payload is not JSON: enqueue with serializer=rq.serializers.JSONSerializer (pickle payloads are never loaded)"
+                "job payload is not JSON: enqueue with serializer=rq.serializers.JSONSerializer "
+                "(pickle payloads are never loaded)"
             ) from None
         if func != CLASSIFY_PATH:
             raise InvalidJob(f"the triage batch worker only runs {CLASSIFY_PATH}; refused to run {func!r}")

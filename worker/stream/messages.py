@@ -72,7 +72,8 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
         return Rejected(
             sid,
             ticket_id,
-            f"{what} is {text_size + subject_size} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)",
+            f"{what} is {text_size + subject_size} bytes, "
+            f"over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)",
         )
     text = _decode(named["text"], "text")
     if isinstance(text, Rejected):
@@ -93,7 +94,8 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
             return Rejected(
                 sid,
                 ticket_id,
-                f"meta is {_size(named['meta'])} bytes, over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)",
+                f"meta is {_size(named['meta'])} bytes, "
+                f"over the limit of {max_text_bytes} bytes (TRIAGE_MAX_TEXT_BYTES)",
             )
         got = _decode(named["meta"], "meta")
         if isinstance(got, Rejected):

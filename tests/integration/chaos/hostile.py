@@ -188,7 +188,10 @@ def hostile_cases(max_text_bytes: int = 65_536, *, huge_bytes: int = 10 * 1024 *
             "emoji",
             "result",
             id="hostile-emoji",
-            text="\U0001f4b3\U0001f4b8\U0001f525 charged twice \U0001f92c \U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f1fa\U0001f1f8",
+            text=(
+                "\U0001f4b3\U0001f4b8\U0001f525 charged twice \U0001f92c "
+                "\U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f1fa\U0001f1f8"
+            ),
         ),
         _case("combining", "result", id="hostile-combining", text="Z" + "\u0301\u0336\u034f" * 2000),
         _case("noncharacters", "result", id="hostile-noncharacters", text="\ufeff\uffff\ufffe\U0010ffff\U000e0001 bom"),

@@ -183,7 +183,10 @@ class RedisServer:
             time.sleep(0.05)
 
     def crash(self) -> None:
-        """``kill -9`` the server: only what AOF already fsynced survives (with appendfsync always: every acked write)."""
+        """``kill -9`` the server: only what AOF already fsynced survives.
+
+        With appendfsync always: every acked write.
+        """
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)

@@ -153,7 +153,8 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
     assert max(pending_seen) <= 2 * batch, max(pending_seen)
     assert len(rss) >= 8, "too few RSS samples"
     assert growth_mb < 64, (
-        f"median RSS grew {growth_mb:.0f} MB while draining ({statistics.median(early)} -> {statistics.median(late)} kB)"
+        f"median RSS grew {growth_mb:.0f} MB while draining "
+        f"({statistics.median(early)} -> {statistics.median(late)} kB)"
     )
     # backlog and lag are in the logs, and fall as the worker drains
     assert lags[0] >= total - 3 * batch and lags[-1] == 0, (lags[:3], lags[-3:])
@@ -167,7 +168,10 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
 
 
 def test_producer_refuses_beyond_the_backlog_limit(chaos_redis, tmp_path):
-    """No worker running: 'refuse' raises at once, 'block' raises after its timeout; nothing beyond the limit is written."""
+    """No worker running: 'refuse' raises at once, 'block' raises after its timeout.
+
+    Nothing beyond the limit is written.
+    """
     url, stream = chaos_redis.url(), "chaos:bp:tickets"
     refuse = TriageClient(
         ProducerSettings(

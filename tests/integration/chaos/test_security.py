@@ -107,7 +107,8 @@ def test_the_scanner_catches_what_it_looks_for(tmp_path, monkeypatch):
     bad.write_text(
         "import pickle\nx = eval(s)\nexec(code)\nm = f(trust_remote_code=True)\nos.system('x')\n"
         "yaml.load(s)\ntorch.load(p)\nrun(cmd, shell=True)\n# pickle in a comment is fine\nmodel.eval()\n"
-        "np.load(p, allow_pickle=False)\ntorch.load(p, map_location='cpu', weights_only=True)\nnp.load(p, allow_pickle=True)\n"
+        "np.load(p, allow_pickle=False)\ntorch.load(p, map_location='cpu', weights_only=True)\n"
+        "np.load(p, allow_pickle=True)\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     got = _violations(bad)
