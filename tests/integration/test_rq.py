@@ -128,7 +128,7 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     no_text = q.enqueue(
         "worker.rq_jobs.classify",
         {"txt": "typo"},
-        on_failure=Callback("tests.test_rq.record_failure"),
+        on_failure=Callback("tests.integration.test_rq.record_failure"),
         meta={"mark": mark},
     )
     wrong_type = q.enqueue("worker.rq_jobs.classify", {"text": 42}, retry=Retry(max=1))
@@ -142,7 +142,7 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     bad = [no_text, wrong_type, empty, other_func, bad_callback, pickled]
     h.jobs += good + bad
 
-    proc = _start_worker(h, "--burst", TRIAGE_RQ_ALLOWED_CALLBACKS="tests.test_rq.record_failure")
+    proc = _start_worker(h, "--burst", TRIAGE_RQ_ALLOWED_CALLBACKS="tests.integration.test_rq.record_failure")
     try:
         assert proc.wait(timeout=120) == 0, h.log.read_text()
     finally:
@@ -287,13 +287,13 @@ def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup,
     refused = q.enqueue(
         "worker.rq_jobs.classify",
         {"text": TICKETS[1]},
-        on_failure=Callback("tests.test_rq.record_failure"),  # a real callback, just not an allowed one here
+        on_failure=Callback("tests.integration.test_rq.record_failure"),  # a real callback, just not an allowed one here
         on_success=Callback("tests.rq_import_probe.anything"),  # importing this module leaves a file
         meta={"mark": mark},
     )
     h.jobs += [good, refused]
-    env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
-    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class="tests.test_rq.StallingBatchWorker", **env)
+    env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.integration.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
+    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class="tests.integration.test_rq.StallingBatchWorker", **env)
     try:
         _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
         in_pass = h.conn.get(q.name + ":in-pass").decode()
