@@ -287,13 +287,15 @@ def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup,
     refused = q.enqueue(
         "worker.rq_jobs.classify",
         {"text": TICKETS[1]},
-        on_failure=Callback("tests.integration.test_rq.record_failure"),  # a real callback, just not an allowed one here
+        # a real callback, just not an allowed one here
+        on_failure=Callback("tests.integration.test_rq.record_failure"),
         on_success=Callback("tests.rq_import_probe.anything"),  # importing this module leaves a file
         meta={"mark": mark},
     )
     h.jobs += [good, refused]
     env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.integration.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
-    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class="tests.integration.test_rq.StallingBatchWorker", **env)
+    stalling = "tests.integration.test_rq.StallingBatchWorker"
+    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class=stalling, **env)
     try:
         _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
         in_pass = h.conn.get(q.name + ":in-pass").decode()
