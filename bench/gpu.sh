@@ -54,6 +54,9 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export TRIAGE_CACHE_DIR=$WORK/cache TRIAGE_LOG_FORMAT=json
+# The workload: the task's own prompt (a ~258-token few-shot prefix; zero-shot without the examples). The
+# worker's default head prompt is the short labels-only one, under which few-shot and zero-shot would be one prompt.
+export TRIAGE_HEAD_PROMPT=${TRIAGE_HEAD_PROMPT:-task}
 # the dry run takes the CUDA path's route on the CPU: packed passes (torch kernel) for modes 5-6 and verify
 [ "$DRY" = 1 ] && export TRIAGE_ATTENTION=${TRIAGE_ATTENTION:-packed}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

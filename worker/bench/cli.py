@@ -160,6 +160,12 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
         torch.set_num_threads(default_threads)  # leave in-process callers (tests) as they were
 
 
+def _prompt_note(clf) -> str:
+    """Say when the prompt is not the task's: a head reads the short labels-only prompt (TRIAGE_HEAD_PROMPT=labels),
+    so few-shot and zero-shot are then the same prompt (TRIAGE_HEAD_PROMPT=task measures the task's own)."""
+    return ", head prompt: labels only" if getattr(clf, "head_prompt", None) == "labels" else ""
+
+
 def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
@@ -282,8 +288,8 @@ def _run(
                 for b in runs["bucketed_cached"].passes
             ]
         print(
-            f"\n[{prompt}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, same {len(items)} tickets\n"
-            + report.table(summaries),
+            f"\n[{prompt}{_prompt_note(clf)}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, "
+            f"same {len(items)} tickets\n" + report.table(summaries),
             flush=True,
         )
         if sweep:
