@@ -19,7 +19,9 @@ import threading
 from tests.integration.chaos.conftest import worker_env
 from tests.integration.chaos.harness import count_done, push, record, tally, wait_until
 
-WINDOW = 64
+WINDOW = 128
+CLAIM_IDLE_MS = 600
+HEARTBEAT_TTL_S = 1
 TEXT = "my parcel is late and the invoice is wrong, please help me with the refund of the order " * 30
 
 
@@ -32,8 +34,8 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_mode
         TRIAGE_PASS_MAX_ITEMS=WINDOW,
         TRIAGE_PASS_MAX_TOKENS=10**6,
         TRIAGE_MAX_INPUT_TOKENS=512,
-        TRIAGE_HEARTBEAT_TTL_S=1,
-        TRIAGE_CLAIM_IDLE_MS=1500,
+        TRIAGE_HEARTBEAT_TTL_S=HEARTBEAT_TTL_S,
+        TRIAGE_CLAIM_IDLE_MS=CLAIM_IDLE_MS,
         TRIAGE_MAX_WAIT_MS=0,
     )
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
@@ -81,6 +83,8 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_mode
     assert t.lost == [] and t.duplicates == 0 and not t.dead
     assert t.workers["long-a"] > 0 and t.workers["long-b"] > 0
     infer_ms = [e["infer_ms"] for w in (a, b) for e in w.events("window")]
+    # the test means something only if windows outlast the heartbeat TTL and the claim idle time
+    assert max(infer_ms) > max(CLAIM_IDLE_MS, HEARTBEAT_TTL_S * 1000), f"windows too short to test: {max(infer_ms)} ms"
     record(
         "long_pass",
         tickets=len(tickets),
