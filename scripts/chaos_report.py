@@ -138,7 +138,7 @@ def table(rows: list[dict]) -> str:
             f"{r['xlen_with_lagging_group']} / {r['xlen_trimmed']} / {r['xlen_untrimmed']}",
         )
     for r in by.get("long_pass", []):
-        add("long pass", "longest window infer ms (heartbeat TTL 1 s, claim idle 1.5 s)", r["max_window_infer_ms"])
+        add("long pass", "longest window infer ms (heartbeat TTL 1 s, claim idle 0.6 s)", r["max_window_infer_ms"])
         add("long pass", "heartbeat missing / samples", f"{r['heartbeat_missing']} / {r['heartbeat_samples']}")
         add("long pass", "entries reclaimed from a live worker", r["reclaimed_from_live_worker"])
     for r in by.get("window_passes", []):
@@ -149,7 +149,7 @@ def table(rows: list[dict]) -> str:
             f"{r['partial_samples']} of {r['samples']}",
         )
     for r in by.get("tls", []):
-        add("security", "TLS + password: results / password in logs", f"{r['results']} / {r['password_in_logs']}")
+        add("security", "TLS + password: results / password in logs", f"{r['results']} / {'yes' if r['password_in_logs'] else 'no'}")
     return "\n".join(out)
 
 
