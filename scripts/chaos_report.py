@@ -149,7 +149,8 @@ def table(rows: list[dict]) -> str:
             f"{r['partial_samples']} of {r['samples']}",
         )
     for r in by.get("tls", []):
-        add("security", "TLS + password: results / password in logs", f"{r['results']} / {'yes' if r['password_in_logs'] else 'no'}")
+        leaked = "yes" if r["password_in_logs"] else "no"
+        add("security", "TLS + password: results / password in logs", f"{r['results']} / {leaked}")
     return "\n".join(out)
 
 
