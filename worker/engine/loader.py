@@ -145,9 +145,7 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
         return target
     stat = gguf.stat()
     log.info("converting GGUF once (cached for later starts): %s -> %s", gguf, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with _staged_dir(target, ".convert-") as tmp:
         with _gguf_bar_follows_switch():
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -159,6 +157,20 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf), "size": stat.st_size}))
+    return target
+
+
+@contextlib.contextmanager
+def _staged_dir(target: Path, prefix: str):
+    """A temp folder beside ``target`` that becomes ``target`` in one rename when the block succeeds.
+
+    Readers never see a half-written cache entry; if another process finished the same entry
+    first, its copy stays and this one is dropped."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by every user of the machine's venvs
+    try:
+        yield tmp
         try:
             tmp.rename(target)
         except OSError:  # another process won the race
@@ -166,7 +178,6 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
@@ -177,22 +188,11 @@ def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
     if (target / "config.json").is_file():
         return target
     log.info("unzipping the bundled model once (cached for later starts): %s -> %s", archive, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".unzip-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like the GGUF one
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            for member in zf.namelist():  # refuse absolute paths and .. (a zip may not write outside its folder)
-                if member.startswith("/") or ".." in Path(member).parts:
-                    raise ModelNotFound(f"{archive}: unsafe path in zip: {member}")
-            zf.extractall(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with _staged_dir(target, ".unzip-") as tmp, zipfile.ZipFile(archive) as zf:
+        for member in zf.namelist():  # refuse absolute paths and .. (a zip may not write outside its folder)
+            if member.startswith("/") or ".." in Path(member).parts:
+                raise ModelNotFound(f"{archive}: unsafe path in zip: {member}")
+        zf.extractall(tmp)
     return target
 
 
