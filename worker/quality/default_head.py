@@ -65,9 +65,7 @@ def _rows(parts, root: Path) -> list[Labelled]:
 def _figures(head, x: np.ndarray, rows: list[Labelled]) -> dict:
     from worker.engine.classifier import softmax
 
-    probs = softmax(head.logits(x))
-    pred = [head.labels[k] for k in probs.argmax(1)]
-    rep = metrics.evaluate([r.label for r in rows], pred, list(head.labels), probs.max(1))
+    rep = metrics.evaluate_probs([r.label for r in rows], softmax(head.logits(x)), list(head.labels))
     return {
         "n": len(rows),
         "accuracy": round(rep.accuracy, 4),

@@ -359,9 +359,7 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                         seed=cfg.seed,
                         blocks=cfg.blocks,
                     )
-                    probs = softmax(head.logits(test_pass.pooled(pooling)))
-                    pred = [labels[k] for k in probs.argmax(1)]
-                    rep_ = metrics.evaluate(gold, pred, labels, probs.max(1))
+                    rep_ = metrics.evaluate_probs(gold, softmax(head.logits(test_pass.pooled(pooling))), labels)
                     acc.append(rep_.accuracy), f1.append(rep_.macro_f1), ece.append(rep_.ece)
                 rows.append(
                     {
