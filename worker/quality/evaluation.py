@@ -66,7 +66,7 @@ def variant_tasks(
     desc = {lab: d for lab, d in (descriptions | base.descriptions).items() if lab in labels}
     out: dict[str, Task] = {}
     if "zero-shot" in cfg.variants:
-        out["zero-shot"] = Task(labels, {}, (), instr)
+        out["zero-shot"] = base.labels_only()
     if "descriptions" in cfg.variants:
         if desc:
             out["descriptions"] = Task(labels, desc, (), instr)
