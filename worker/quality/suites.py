@@ -16,8 +16,9 @@ from worker.quality.data import Labelled
 from worker.quality.fewshot import pick_examples
 
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORT_FIRST = ROOT / "tests" / "data" / "support_tickets_labelled.jsonl"  # 50 train / 60 test
-SUPPORT_WRITTEN = ROOT / "tests" / "data" / "support_tickets_written.jsonl"  # 212 train / 104 test (never fitted on)
+FIRST = "tests/data/support_tickets_labelled.jsonl"  # 50 train / 60 test
+WRITTEN = "tests/data/support_tickets_written.jsonl"  # 212 train / 104 test (never fitted on)
+SUPPORT_FIRST, SUPPORT_WRITTEN = ROOT / FIRST, ROOT / WRITTEN
 HEAD_PROMPTS = ("labels", "task")
 
 
