@@ -236,6 +236,22 @@ def load_settings(settings_cls=None, environ: Mapping[str, str] | None = None, *
     return settings, problems
 
 
+def settings_or_exit(prog: str, settings_cls=None, *, check_redis_url: bool = True, **overrides):
+    """``load_settings`` for a command that checks nothing else up front (unknown TRIAGE_ names are not its
+    business): the settings, or one ``prog: problem`` line per problem on stderr and ``SystemExit(EXIT_CONFIG)``.
+    ``check_redis_url=False``: the command never talks to Redis, so a bad URL is not its problem."""
+    import sys
+
+    settings, problems = load_settings(settings_cls, unknown=False, **overrides)
+    if not check_redis_url:
+        problems = [p for p in problems if p.where != "TRIAGE_REDIS_URL"]
+    if problems:
+        for p in problems:
+            print(f"{prog}: {p}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG)
+    return settings
+
+
 def worker_problems(settings) -> list[Problem]:
     """What the stream worker needs besides valid values: its files, its task, its model (not loaded)."""
     problems = file_problems(settings)

@@ -143,13 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: list[tuple[int, int]]) -> int:
-    from pydantic import ValidationError
-
-    try:
-        settings = bench_settings(args)
-    except ValidationError as e:
-        print(f"triage-bench: invalid settings:\n{e}", file=sys.stderr)
-        return 2
+    settings = bench_settings(args)
     import torch
 
     default_threads = torch.get_num_threads()
@@ -169,13 +163,13 @@ def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
     ``--threads`` becomes ``torch_threads``; without it the worker's own setting (default "auto") applies.
+    Invalid settings: one line each and exit 2, as for the worker (``preflight``).
     """
-    from worker.settings import Settings
+    from worker import preflight
 
     names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url", "attention")
-    settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
-    threads = getattr(args, "threads", None)
-    return settings if threads is None else settings.model_copy(update={"torch_threads": threads})
+    overrides = {k: getattr(args, k, None) for k in names} | {"torch_threads": getattr(args, "threads", None)}
+    return preflight.settings_or_exit("triage-bench", check_redis_url=bool(getattr(args, "redis", False)), **overrides)
 
 
 def _run(
