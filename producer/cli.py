@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triage-producer {args.command}: {e} ({len(e.submitted)} sent before that)", file=sys.stderr)
         return EXIT_BACKLOG
     except redis.ConnectionError as e:
-        from worker.logs import mask_url
+        from worker.redact import mask_secrets
 
-        url = mask_url(args.redis_url or os.environ.get("TRIAGE_REDIS_URL") or "redis://127.0.0.1:6379/0")
+        url = mask_secrets(args.redis_url or os.environ.get("TRIAGE_REDIS_URL") or "redis://127.0.0.1:6379/0")
         print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -208,7 +208,7 @@ def run_demo(
     timeout_s: float = 900.0,
     json_out: str | None = None,
 ) -> int:
-    from worker.logs import mask_url
+    from worker.redact import mask_secrets
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731 - progress chatter on stderr, summary on stdout
     base = ProducerSettings()
@@ -227,7 +227,7 @@ def run_demo(
                 )
             )
             client = TriageClient(settings)
-            say(f"redis {mask_url(url)}, namespace {ns!r}")
+            say(f"redis {mask_secrets(url)}, namespace {ns!r}")
             try:
                 return _run(client, settings, ns, n, seed, timeout_s, json_out, t0, say)
             finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from worker.redact import mask_secrets
 from worker.redis_server import PrivateRedis, answers, redis_or_private, require_server_binary
 
 __all__ = ["DEFAULT_URL", "answers", "demo_redis", "local_redis_server"]
@@ -32,7 +33,7 @@ def demo_redis(explicit_url: str | None, configured_url: str | None, log=print) 
     """``explicit_url`` must answer; else the configured/default URL if it answers; else a private server."""
     if explicit_url:
         if not answers(explicit_url):
-            raise RuntimeError(f"no Redis answers at {explicit_url}")
+            raise RuntimeError(f"no Redis answers at {mask_secrets(explicit_url)}")
         yield explicit_url
         return
     with redis_or_private(configured_url or DEFAULT_URL, log=log, purpose="this demo") as url:

@@ -82,8 +82,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from worker.engine.classifier import softmax
-    from worker.quality import metrics, suites
-    from worker.quality.compare import feature_store
+    from worker.quality import suites
+    from worker.quality.compare import feature_store, score
     from worker.quality.head import fit_head
     from worker.settings import Settings
 
@@ -100,11 +100,8 @@ def main() -> int:
         for name, rows in suite.tests.items():
             te = store.get([r.text for r in rows], desc=f"{label}: {name}")
             feats.setdefault(name, []).append(te.mean)
-            probs = softmax(head.logits(te.mean))
-            rep = metrics.evaluate(
-                [r.label for r in rows], [suite.labels[k] for k in probs.argmax(1)], suite.labels, probs.max(1)
-            )
-            row[name] = {"accuracy": round(rep.accuracy, 4), "ece": round(rep.ece, 4)}
+            cell = score(softmax(head.logits(te.mean)), suite.labels, [r.label for r in rows])
+            row[name] = {"accuracy": cell.accuracy, "ece": cell.ece}
         out["models"][label] = row
     cos = {}
     for name, (a, b) in feats.items():

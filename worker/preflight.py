@@ -25,18 +25,6 @@ OTHER_KNOWN_ENV = {
     "TRIAGE_DATA_DIR": "quality data sets directory (worker/quality/data.py)",
     "TRIAGE_REDIS_PORT": "host port of the compose file's Redis (docker-compose.yml)",
 }
-# Renamed settings: both spellings are accepted (old = deprecated alias; see worker/settings.py).
-RENAMED_ENV = {
-    "TRIAGE_MAX_BATCH_ITEMS": "TRIAGE_WINDOW_MAX_ITEMS / TRIAGE_PASS_MAX_ITEMS",
-    "TRIAGE_MAX_BATCH_TOKENS": "TRIAGE_PASS_MAX_TOKENS",
-    "TRIAGE_BATCH_OVERHEAD_TOKENS": "TRIAGE_PASS_OVERHEAD_TOKENS",
-}
-NEW_NAMES_ENV = {
-    "TRIAGE_WINDOW_MAX_ITEMS",
-    "TRIAGE_PASS_MAX_ITEMS",
-    "TRIAGE_PASS_MAX_TOKENS",
-    "TRIAGE_PASS_OVERHEAD_TOKENS",
-}
 # Families owned by the test suite and the chaos harness.
 ALLOWED_PREFIXES = ("TRIAGE_TEST_", "TRIAGE_CHAOS_")
 _DB_PATH = re.compile(r"^/?(\d+)?/?$")
@@ -52,15 +40,19 @@ class Problem:
 
 
 # ----------------------------------------------------------------- env var names
+def field_env_vars(settings_cls) -> dict[str, list[str]]:
+    """Field name -> the TRIAGE_ env vars that set it (its validation aliases, deprecated names included,
+    else prefix + name), for every field of a pydantic-settings class."""
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    return {
+        name: [a.upper() for a in (_alias_names(f.validation_alias) or _alias_names(f.alias) or [prefix + name])]
+        for name, f in settings_cls.model_fields.items()
+    }
+
+
 def env_names(settings_cls) -> dict[str, str]:
     """TRIAGE_ env var -> field name, for every field of a pydantic-settings class (aliases included)."""
-    prefix = settings_cls.model_config.get("env_prefix", "")
-    out: dict[str, str] = {}
-    for name, field in settings_cls.model_fields.items():
-        aliases = _alias_names(field.validation_alias) or _alias_names(field.alias)
-        for alias in aliases or [prefix + name]:
-            out[alias.upper()] = name
-    return out
+    return {var: name for name, env_vars in field_env_vars(settings_cls).items() for var in env_vars}
 
 
 def _alias_names(alias: Any) -> list[str]:
@@ -78,13 +70,7 @@ def known_env_names() -> set[str]:
     from producer.settings import ProducerSettings
     from worker.settings import Settings
 
-    return (
-        set(env_names(Settings))
-        | set(env_names(ProducerSettings))
-        | set(OTHER_KNOWN_ENV)
-        | set(RENAMED_ENV)
-        | NEW_NAMES_ENV
-    )
+    return set(env_names(Settings)) | set(env_names(ProducerSettings)) | set(OTHER_KNOWN_ENV)  # deprecated names too
 
 
 def unknown_env(environ: Mapping[str, str] | None = None, known: Iterable[str] | None = None) -> list[Problem]:
@@ -105,12 +91,8 @@ def unknown_env(environ: Mapping[str, str] | None = None, known: Iterable[str] |
 def settings_problems(exc, settings_cls, environ: Mapping[str, str] | None = None) -> list[Problem]:
     """A pydantic ValidationError as one line per field, named by the env var that set it."""
     env = os.environ if environ is None else environ
+    by_field = field_env_vars(settings_cls)
     names = env_names(settings_cls)
-    prefix = settings_cls.model_config.get("env_prefix", "")
-    by_field = {
-        name: [a.upper() for a in (_alias_names(f.validation_alias) or _alias_names(f.alias) or [prefix + name])]
-        for name, f in settings_cls.model_fields.items()
-    }
     problems, seen = [], set()
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ())]
@@ -252,6 +234,22 @@ def load_settings(settings_cls=None, environ: Mapping[str, str] | None = None, *
     if url_problem:
         problems.append(url_problem)
     return settings, problems
+
+
+def settings_or_exit(prog: str, settings_cls=None, *, check_redis_url: bool = True, **overrides):
+    """``load_settings`` for a command that checks nothing else up front (unknown TRIAGE_ names are not its
+    business): the settings, or one ``prog: problem`` line per problem on stderr and ``SystemExit(EXIT_CONFIG)``.
+    ``check_redis_url=False``: the command never talks to Redis, so a bad URL is not its problem."""
+    import sys
+
+    settings, problems = load_settings(settings_cls, unknown=False, **overrides)
+    if not check_redis_url:
+        problems = [p for p in problems if p.where != "TRIAGE_REDIS_URL"]
+    if problems:
+        for p in problems:
+            print(f"{prog}: {p}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG)
+    return settings
 
 
 def worker_problems(settings) -> list[Problem]:

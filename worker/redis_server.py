@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.redact import mask_secrets  # stdlib-only, like this module
+
 PATH_NAMES = ("redis-server", "valkey-server")
 # (import name, binary inside the package): the first installed one wins
 PACKAGED = (
@@ -236,24 +238,15 @@ def redis_or_private(url: str, log: Callable[[str], None] = print, purpose: str 
         return
     binary = find_server_binary()
     if binary is None:
-        raise RedisServerNotFound(f"no Redis answers at {_mask(url)} and there is no redis-server: {INSTALL_HINT}")
+        raise RedisServerNotFound(
+            f"no Redis answers at {mask_secrets(url)} and there is no redis-server: {INSTALL_HINT}"
+        )
     with PrivateRedis(binary=binary) as server:
         log(
-            f"no Redis at {_mask(url)}; started a private redis-server for {purpose}: "
+            f"no Redis at {mask_secrets(url)}; started a private redis-server for {purpose}: "
             f"{binary.describe()} at {server.url}"
         )
         yield server.url
-
-
-def _mask(url: str) -> str:
-    """The URL without its password (the helper must not depend on worker.logs: it stays stdlib-only)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

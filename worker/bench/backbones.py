@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from worker.engine.types import padding_pct
+
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
     """``MODEL`` or ``LM+ENCODER`` (joined features)."""
@@ -74,7 +76,7 @@ def run_backbones(
                 "cpu_s": round(r["cpu_s"], 3),
                 "items_per_s": n / r["wall_s"] if r["wall_s"] else None,
                 "items_per_cpu_s": n / r["cpu_s"] if r["cpu_s"] else None,
-                "padding_pct": 100.0 * (r["padded"] - r["real"]) / r["padded"] if r["padded"] else 0.0,
+                "padding_pct": padding_pct(r["real"], r["padded"]),
             }
         )
     first = out[0]["items_per_s"] if out else None

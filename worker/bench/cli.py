@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import sys
 import time
 
@@ -144,13 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: list[tuple[int, int]]) -> int:
-    from pydantic import ValidationError
-
-    try:
-        settings = bench_settings(args)
-    except ValidationError as e:
-        print(f"triage-bench: invalid settings:\n{e}", file=sys.stderr)
-        return 2
+    settings = bench_settings(args)
     import torch
 
     default_threads = torch.get_num_threads()
@@ -170,13 +163,13 @@ def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
     ``--threads`` becomes ``torch_threads``; without it the worker's own setting (default "auto") applies.
+    Invalid settings: one line each and exit 2, as for the worker (``preflight``).
     """
-    from worker.settings import Settings
+    from worker import preflight
 
     names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url", "attention")
-    settings = Settings(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
-    threads = getattr(args, "threads", None)
-    return settings if threads is None else settings.model_copy(update={"torch_threads": threads})
+    overrides = {k: getattr(args, k, None) for k in names} | {"torch_threads": getattr(args, "threads", None)}
+    return preflight.settings_or_exit("triage-bench", check_redis_url=bool(getattr(args, "redis", False)), **overrides)
 
 
 def _run(
@@ -186,7 +179,7 @@ def _run(
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
-    from worker.bench.modes import MODE_ORDER, MODES, run_modes, warm_up
+    from worker.bench.modes import MODE_ORDER, MODES, graph_stats, run_modes, run_sweep, warm_up
 
     t_start = time.perf_counter()
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
@@ -202,32 +195,16 @@ def _run(
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": args.argv,
         "quick": args.quick,
-        "hardware": {**hardware(first), "torch_default_threads": default_threads},
+        "hardware": {**report.hardware(first), "torch_default_threads": default_threads},
         "model": {
             "name": settings.model,
             "label": args.model_label,
             "shape": shape.as_dict(),
             "labels": list(first.labels),
         },
-        "settings": {
-            "pass_max_items": settings.pass_max_items,
-            "pass_max_tokens": settings.pass_max_tokens,
-            "pass_overhead_tokens": settings.pass_overhead_tokens,
-            "window_max_items": settings.window_max_items,
-            "fixed_batch_items": args.fixed_batch,
-            "max_input_tokens": settings.max_input_tokens,
-            "scorer": first.scorer.kind,
-            "prefix_cache": settings.prefix_cache,
-            "attention": first.attention,
-            "attention_kernel": first.attention_kernel,
-            "cuda_graphs": bool(
-                first.options.cuda_graphs and first.device.type == "cuda" and first.attention == "packed"
-            ),
-            "engine_pass_max_items": first.options.pass_max_items,
-            "engine_pass_max_tokens": first.options.pass_max_tokens,
-            "sequential_n": args.sequential_n,
-            "baseline_n": args.baseline_n,
-        },
+        "settings": report.run_settings(
+            settings, first, fixed_batch=args.fixed_batch, sequential_n=args.sequential_n, baseline_n=args.baseline_n
+        ),
         "workload": {
             "source": wk.source,
             "n": wk.n,
@@ -293,7 +270,9 @@ def _run(
             flush=True,
         )
         if sweep:
-            entry["sweep"] = run_sweep(args, clf, items, sweep, shape, doc["gemm"], cpu_clock, interleave)
+            with _bar(args, len(items) * len(sweep), f"sweep: {len(sweep)} settings") as bar:
+                sweep_runs = run_sweep(clf, items, sweep, interleave, bar.update)
+            entry["sweep"] = report.sweep_rows(sweep, sweep_runs, shape, clf.prefix_length, doc["gemm"], cpu_clock)
             print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
         entry["cuda_graphs"] = graph_stats(clf)
         doc["runs"].append(entry)
@@ -343,56 +322,6 @@ def _run(
     return 0
 
 
-def run_sweep(args, clf, items, grid, shape, gemm: dict, cpu_clock: bool, interleave: bool = True) -> list[dict]:
-    """Mode 5 at each (pass_max_items, pass_max_tokens), planned as the worker plans: where throughput saturates."""
-    from worker.bench import report
-    from worker.bench.modes import MODES, execute, start
-    from worker.engine import bucketing
-
-    spec = MODES["bucketed_cached"]
-    lengths = [clf.cost_length(p, True) for p in items]
-
-    def planned(max_items: int, max_tokens: int) -> list:
-        if clf.attention == "packed":
-            return bucketing.plan_packed(lengths, max_items, max_tokens)
-        return bucketing.plan_passes(lengths, max_items, max_tokens, clf.options.pass_overhead_tokens)
-
-    runs = [start(clf, items, spec, planned(i, t), None) for i, t in grid]
-    with _bar(args, len(items) * len(grid), f"sweep: {len(grid)} settings") as bar:
-        execute(clf, items, runs, interleave, bar.update)
-    rows = []
-    for (max_items, max_tokens), run in zip(grid, runs):
-        s = report.summarize(run, shape, clf.prefix_length, gemm, cpu_clock=cpu_clock)
-        rows.append(
-            {
-                "pass_max_items": max_items,
-                "pass_max_tokens": max_tokens,
-                "passes": s["passes"],
-                "wall_s": s["wall_s"],
-                "cpu_s": s["cpu_s"],
-                "items_per_s": s["items_per_s"],
-                "items_per_cpu_s": s["items_per_cpu_s"],
-                "padding_pct": s["padding_pct"],
-                "mfu": s["flops"]["mfu"],
-                "mfu_cpu": s["flops"]["mfu_cpu"],
-            }
-        )
-    return rows
-
-
-def graph_stats(clf) -> dict | None:
-    """CUDA graphs of the packed path: shapes captured, replays, and whether they stayed on (None: not used)."""
-    runner = getattr(clf, "_graphs", None)
-    if runner is None:
-        return None
-    return {
-        "enabled": runner.enabled,
-        "captures": runner.captures,
-        "replays": runner.replays,
-        "shapes": len(runner.graphs),
-    }
-
-
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
     """One classifier per prompt variant, all sharing one loaded model, each built as the worker builds its own."""
     from worker.assemble import build_classifier, load
@@ -428,36 +357,6 @@ def _ints(spec: str) -> list[int]:
     if not vals or min(vals) < 1:
         raise ValueError(f"expected a comma list of positive integers, got {spec!r}")
     return vals
-
-
-def hardware(clf) -> dict:
-    import torch
-    import transformers
-
-    dev = clf.device
-    return {
-        "cpu_model": _cpu_model(),
-        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-        "dtype": clf.dtype_name,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

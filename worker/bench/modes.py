@@ -217,6 +217,41 @@ def _stream(clf, items: Sequence, run: ModeRun, on_batch: Callable[[int], None])
         c0, t0 = time.process_time(), time.perf_counter()
 
 
+def run_sweep(
+    clf,
+    items: Sequence,
+    grid: Sequence[tuple[int, int]],
+    interleave: bool = True,
+    on_batch: Callable[[int], None] = lambda n: None,
+) -> list[ModeRun]:
+    """Mode 5 at each (pass_max_items, pass_max_tokens) of ``grid``, planned as the worker plans:
+    where throughput saturates. One run per grid point, in grid order."""
+    spec = MODES["bucketed_cached"]
+    lengths = [clf.cost_length(p, True) for p in items]
+
+    def planned(max_items: int, max_tokens: int) -> list[bucketing.Pass]:
+        if clf.attention == "packed":
+            return bucketing.plan_packed(lengths, max_items, max_tokens)
+        return bucketing.plan_passes(lengths, max_items, max_tokens, clf.options.pass_overhead_tokens)
+
+    runs = [start(clf, items, spec, planned(i, t), None) for i, t in grid]
+    execute(clf, items, runs, interleave, on_batch)
+    return runs
+
+
+def graph_stats(clf) -> dict | None:
+    """CUDA graphs of the packed path: shapes captured, replays, and whether they stayed on (None: not used)."""
+    runner = getattr(clf, "_graphs", None)
+    if runner is None:
+        return None
+    return {
+        "enabled": runner.enabled,
+        "captures": runner.captures,
+        "replays": runner.replays,
+        "shapes": len(runner.graphs),
+    }
+
+
 def warm_up(clf, items: Sequence) -> None:
     """A small cached and uncached pass: first-call allocations and kernel selection stay out of the timings."""
     clf.classify(list(items[:2]), prefix_cache=True)

@@ -7,6 +7,8 @@ shared machine mostly cancels.
 from __future__ import annotations
 
 import json
+import os
+import platform
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,6 +95,35 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
             "mfu_cpu": _div(_div(work_fl, cpu), peak_cpu),
         },
     }
+
+
+def sweep_rows(
+    grid: Sequence[tuple[int, int]],
+    runs: Sequence,
+    shape: ModelShape,
+    prefix_len: int,
+    gemm: dict | None,
+    cpu_clock: bool,
+) -> list[dict]:
+    """One row per sweep point (``modes.run_sweep``'s runs, in grid order): the figures the sweep table shows."""
+    rows = []
+    for (max_items, max_tokens), run in zip(grid, runs):
+        s = summarize(run, shape, prefix_len, gemm, cpu_clock=cpu_clock)
+        rows.append(
+            {
+                "pass_max_items": max_items,
+                "pass_max_tokens": max_tokens,
+                "passes": s["passes"],
+                "wall_s": s["wall_s"],
+                "cpu_s": s["cpu_s"],
+                "items_per_s": s["items_per_s"],
+                "items_per_cpu_s": s["items_per_cpu_s"],
+                "padding_pct": s["padding_pct"],
+                "mfu": s["flops"]["mfu"],
+                "mfu_cpu": s["flops"]["mfu_cpu"],
+            }
+        )
+    return rows
 
 
 def clocks(run) -> dict:
@@ -237,6 +268,62 @@ def _threads_note(hw: dict) -> str:
     if hw["device"] != "cpu" or default is None or default == hw["torch_threads"]:
         return ""
     return f" (TRIAGE_TORCH_THREADS / --threads, as the worker; torch's default is {default})"
+
+
+# ------------------------------------------------------------------- what ran where
+def hardware(clf) -> dict:
+    """The machine, device and library versions a run measured (the JSON's ``hardware``)."""
+    import torch
+    import transformers
+
+    dev = clf.device
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "dtype": clf.dtype_name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_settings(
+    settings, clf, *, fixed_batch: int, sequential_n: int | None = None, baseline_n: int | None = None
+) -> dict:
+    """The batching settings every mode ran with (the JSON's ``settings``): the worker's, and what the engine made
+    of them on this device."""
+    return {
+        "pass_max_items": settings.pass_max_items,
+        "pass_max_tokens": settings.pass_max_tokens,
+        "pass_overhead_tokens": settings.pass_overhead_tokens,
+        "window_max_items": settings.window_max_items,
+        "fixed_batch_items": fixed_batch,
+        "max_input_tokens": settings.max_input_tokens,
+        "scorer": clf.scorer.kind,
+        "prefix_cache": settings.prefix_cache,
+        "attention": clf.attention,
+        "attention_kernel": clf.attention_kernel,
+        "cuda_graphs": bool(clf.options.cuda_graphs and clf.device.type == "cuda" and clf.attention == "packed"),
+        "engine_pass_max_items": clf.options.pass_max_items,
+        "engine_pass_max_tokens": clf.options.pass_max_tokens,
+        "sequential_n": sequential_n,
+        "baseline_n": baseline_n,
+    }
 
 
 def write_json(path: str | Path, doc: dict) -> None:

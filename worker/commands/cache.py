@@ -28,11 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from worker import preflight
     from worker.engine.sources import cache_entries, clean_cache, gguf_root
 
-    settings, problems = preflight.load_settings(unknown=False)
-    if settings is None:
-        for p in problems:
-            print(f"triage-worker cache: {p}", file=sys.stderr)
-        return preflight.EXIT_CONFIG
+    settings = preflight.settings_or_exit("triage-worker cache", check_redis_url=False)
     root = gguf_root(settings.cache_dir)
     entries = cache_entries(settings.cache_dir)
     if args.action == "list":

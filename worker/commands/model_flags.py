@@ -20,12 +20,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace):
-    """``Settings`` from the environment with the model flags applied, and logging set up from them."""
+    """``Settings`` from the environment with the model flags applied, and logging set up from them.
+
+    Invalid settings end the command as they end every other one (``preflight``): one line each, exit 2.
+    """
+    from worker import preflight
     from worker.logs import configure_logging
-    from worker.settings import Settings
 
     keys = ("model", "dtype", "device", "encoder", "head_prompt")
-    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
-    settings = Settings(**overrides)
+    overrides = {k: getattr(args, k, None) for k in keys}
+    settings = preflight.settings_or_exit("triage-worker", check_redis_url=False, **overrides)
     configure_logging(settings.log_format, settings.log_level)
     return settings

@@ -86,8 +86,7 @@ class Table:
 
 
 def score(probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], note: str = "") -> Cell:
-    pred = [labels[k] for k in probs.argmax(1)]
-    rep = metrics.evaluate(gold, pred, labels, probs.max(1))
+    rep = metrics.evaluate_probs(gold, probs, labels)
     return Cell(round(rep.accuracy, 4), round(rep.ece, 4), round(rep.macro_f1, 4), len(gold), note)
 
 

@@ -24,10 +24,9 @@ import numpy as np
 
 from worker.quality import metrics
 from worker.quality.data import Labelled, load_labelled
+from worker.quality.suites import FIRST, ROOT, WRITTEN
 
-ROOT = Path(__file__).resolve().parents[2]
-FIRST = "tests/data/support_tickets_labelled.jsonl"
-WRITTEN = "tests/data/support_tickets_written.jsonl"
+SPLITS = [(f, s) for f in (FIRST, WRITTEN) for s in ("train", "test")]  # (file, split), in feature-pass order
 REPORTING = {"support-60": (FIRST, "test"), "support-written-104": (WRITTEN, "test")}
 PROTOCOL_TRAIN = [(FIRST, "train"), (WRITTEN, "train")]
 SHIPPED_TRAIN = [(FIRST, "train"), (FIRST, "test"), (WRITTEN, "train")]  # never WRITTEN test
@@ -55,19 +54,10 @@ def model_file_hash(name: str, source: str) -> str | None:
     return sha256_file(weights) if weights.is_file() else None
 
 
-def _rows(parts, root: Path) -> list[Labelled]:
-    out: list[Labelled] = []
-    for file, split in parts:
-        out += load_labelled(root / file, split=split)
-    return out
-
-
 def _figures(head, x: np.ndarray, rows: list[Labelled]) -> dict:
     from worker.engine.classifier import softmax
 
-    probs = softmax(head.logits(x))
-    pred = [head.labels[k] for k in probs.argmax(1)]
-    rep = metrics.evaluate([r.label for r in rows], pred, list(head.labels), probs.max(1))
+    rep = metrics.evaluate_probs([r.label for r in rows], softmax(head.logits(x)), list(head.labels))
     return {
         "n": len(rows),
         "accuracy": round(rep.accuracy, 4),
@@ -82,49 +72,36 @@ def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = pri
     from worker.quality.head import fit_head, prompt_hash
 
     labels = list(clf.labels)
-    every = {
-        key: _rows([part], root)
-        for key, part in {
-            "first-train": (FIRST, "train"),
-            "first-test": (FIRST, "test"),
-            "written-train": (WRITTEN, "train"),
-            "written-test": (WRITTEN, "test"),
-        }.items()
-    }
+    every = {part: load_labelled(root / part[0], split=part[1]) for part in SPLITS}
     texts = [r.text for rows in every.values() for r in rows]
     feats = run_features(
         clf, clf.prepare_valid(texts), score=False, desc="default head: features", progress=False
     ).pooled(POOLING)
     x, start = {}, 0
-    for key, rows in every.items():
-        x[key] = feats[start : start + len(rows)]
+    for part, rows in every.items():
+        x[part] = feats[start : start + len(rows)]
         start += len(rows)
 
-    def fit(keys):
-        rows = [r for k in keys for r in every[k]]
-        xs = np.concatenate([x[k] for k in keys])
+    def fit(parts):
+        rows = [r for p in parts for r in every[p]]
+        xs = np.concatenate([x[p] for p in parts])
         return fit_head(
             xs, [r.label for r in rows], labels, method=METHOD, pooling=POOLING, seed=SEED, blocks=clf.feature_blocks
         ), len(rows)
 
-    protocol, n_protocol = fit(["first-train", "written-train"])
-    figures = {
-        "protocol": {
-            "fitted_on": n_protocol,
-            "support-60": _figures(protocol, x["first-test"], every["first-test"]),
-            "support-written-104": _figures(protocol, x["written-test"], every["written-test"]),
-        }
-    }
+    def scored(head, names) -> dict:
+        return {name: _figures(head, x[REPORTING[name]], every[REPORTING[name]]) for name in names}
+
+    unseen = [name for name, part in REPORTING.items() if part not in SHIPPED_TRAIN]
+    protocol, n_protocol = fit(PROTOCOL_TRAIN)
+    figures = {"protocol": {"fitted_on": n_protocol, **scored(protocol, REPORTING)}}
     log(f"protocol head (fitted on {n_protocol} train-split tickets): {figures['protocol']}")
-    shipped, n_shipped = fit(["first-train", "first-test", "written-train"])
-    figures["shipped"] = {
-        "fitted_on": n_shipped,
-        "support-written-104": _figures(shipped, x["written-test"], every["written-test"]),
-    }
+    shipped, n_shipped = fit(SHIPPED_TRAIN)
+    figures["shipped"] = {"fitted_on": n_shipped, **scored(shipped, unseen)}
     log(f"shipped head (fitted on {n_shipped} tickets, never on the written test split): {figures['shipped']}")
     data = [
-        {"file": f, "sha256": sha256_file(root / f), "fitted_splits": s}
-        for f, s in ((FIRST, ["train", "test"]), (WRITTEN, ["train"]))
+        {"file": f, "sha256": sha256_file(root / f), "fitted_splits": [s for g, s in SHIPPED_TRAIN if g == f]}
+        for f in (FIRST, WRITTEN)
     ]
     import torch
 
@@ -140,7 +117,7 @@ def refit(clf, command: str, root: Path = ROOT, log: Callable[[str], None] = pri
         data=data,
         source="shipped default (worker/quality/default_head.py)",
         figures=figures,
-        fitted_on_reporting_sets=["support-60"],
-        never_fitted_on=["support-written-104"],
+        fitted_on_reporting_sets=[name for name in REPORTING if name not in unseen],
+        never_fitted_on=unseen,
     )
     return shipped

@@ -66,7 +66,7 @@ def variant_tasks(
     desc = {lab: d for lab, d in (descriptions | base.descriptions).items() if lab in labels}
     out: dict[str, Task] = {}
     if "zero-shot" in cfg.variants:
-        out["zero-shot"] = Task(labels, {}, (), instr)
+        out["zero-shot"] = base.labels_only()
     if "descriptions" in cfg.variants:
         if desc:
             out["descriptions"] = Task(labels, desc, (), instr)
@@ -359,9 +359,7 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                         seed=cfg.seed,
                         blocks=cfg.blocks,
                     )
-                    probs = softmax(head.logits(test_pass.pooled(pooling)))
-                    pred = [labels[k] for k in probs.argmax(1)]
-                    rep_ = metrics.evaluate(gold, pred, labels, probs.max(1))
+                    rep_ = metrics.evaluate_probs(gold, softmax(head.logits(test_pass.pooled(pooling))), labels)
                     acc.append(rep_.accuracy), f1.append(rep_.macro_f1), ece.append(rep_.ece)
                 rows.append(
                     {

@@ -94,6 +94,13 @@ def evaluate(
     )
 
 
+def evaluate_probs(y_true: Sequence[str], probs: np.ndarray, labels: Sequence[str]) -> Report:
+    """``evaluate`` of a probability matrix [N, J] over ``labels``: the top label is the prediction,
+    its probability the confidence."""
+    probs = np.asarray(probs)
+    return evaluate(y_true, [labels[k] for k in probs.argmax(1)], labels, probs.max(1))
+
+
 def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = 10) -> float:
     """ECE: |accuracy - mean confidence| per equal-width confidence bin, weighted by bin size.
 

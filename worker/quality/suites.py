@@ -7,7 +7,6 @@ rows, and re-runs hit the feature cache. Test rows are only for the reported tab
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,8 +16,9 @@ from worker.quality.data import Labelled
 from worker.quality.fewshot import pick_examples
 
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORT_FIRST = ROOT / "tests" / "data" / "support_tickets_labelled.jsonl"  # 50 train / 60 test
-SUPPORT_WRITTEN = ROOT / "tests" / "data" / "support_tickets_written.jsonl"  # 212 train / 104 test (never fitted on)
+FIRST = "tests/data/support_tickets_labelled.jsonl"  # 50 train / 60 test
+WRITTEN = "tests/data/support_tickets_written.jsonl"  # 212 train / 104 test (never fitted on)
+SUPPORT_FIRST, SUPPORT_WRITTEN = ROOT / FIRST, ROOT / WRITTEN
 HEAD_PROMPTS = ("labels", "task")
 
 
@@ -36,14 +36,10 @@ class Suite:
     def prompt_task(self, head_prompt: str) -> Task:
         """``labels``: instructions + label names only; ``task``: the full task prompt."""
         if head_prompt == "labels":
-            return labels_only(self.task)
+            return self.task.labels_only()
         if head_prompt == "task":
             return self.task
         raise ValueError(f"unknown head prompt {head_prompt!r} (labels or task)")
-
-
-def labels_only(task: Task) -> Task:
-    return Task(task.labels, {}, (), task.instructions)
 
 
 def support() -> Suite:
@@ -113,9 +109,3 @@ SUITES = {"support": support, "clinc150-domains": clinc_domains, "banking77": ba
 
 def load(name: str) -> Suite:
     return SUITES[name]()
-
-
-def shuffled(rows: list[Labelled], seed: int) -> list[Labelled]:
-    out = list(rows)
-    random.Random(seed).shuffle(out)
-    return out

@@ -144,21 +144,21 @@ def _mirror(worker: BaseWorker, e: Entry, pipe, stream: str, maxlen: int, model:
     pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)
 
 
-def fail_unstarted(worker: BaseWorker, e: Entry) -> None:
-    """Fail a job check_job rejected, before anything of the batch is STARTED.
+def fail_unstarted(worker: BaseWorker, entries: list[Entry]) -> None:
+    """Fail the jobs check_job rejected, before anything of the batch is STARTED.
 
-    The job never gets an Execution, a StartedJobRegistry entry or the STARTED status,
-    so no registry cleanup (here or in another worker, after a crash) can find it
-    "abandoned" and run its failure callback. Only an allowed failure callback runs, here.
+    They never get an Execution, a StartedJobRegistry entry or the STARTED status, so no
+    registry cleanup (here or in another worker, after a crash) can find one "abandoned" and
+    run its failure callback. Only allowed failure callbacks run, here (``run_callbacks``).
     """
-    if e.callbacks_ok and e.job.failure_callback is not None:
-        try:
-            execute_failure_callback(e.job, worker.death_penalty_class, *e.error)
-        except Exception:
-            e.error = sys.exc_info()  # type: ignore[assignment]
-    fail(worker, e)
-    if uses_intermediate_queue(worker):  # else RQ's intermediate-queue cleanup would fail it a second time
-        worker.connection.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
+    run_callbacks(worker, entries)  # every entry has an error: failure callbacks only
+    for e in entries:
+        fail(worker, e)
+    if entries and uses_intermediate_queue(worker):  # else RQ's intermediate-queue cleanup would fail them again
+        with worker.connection.pipeline() as pipe:
+            for e in entries:
+                pipe.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
+            pipe.execute()
 
 
 def fail(worker: BaseWorker, e: Entry) -> None:

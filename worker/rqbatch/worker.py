@@ -125,9 +125,8 @@ class BatchWorker(BaseWorker):
         t0 = time.perf_counter()
         for e in entries:  # before anything is recorded: pure checks, nothing of the job runs
             check_job(e, self.settings.max_text_bytes, self.allowed_callbacks)
-        refused = [e for e in entries if e.error is not None]
-        for e in refused:  # failed before any job is STARTED: a crash in the pass cannot leave them "abandoned"
-            outcome.fail_unstarted(self, e)
+        # refused jobs fail before any job is STARTED: a crash in the pass cannot leave them "abandoned"
+        outcome.fail_unstarted(self, [e for e in entries if e.error is not None])
         accepted = [e for e in entries if e.error is None]
         stats = None
         if accepted:
