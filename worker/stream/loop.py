@@ -38,8 +38,8 @@ def run_worker(settings, *, drain: bool = False) -> int:
 class _Loop:
     """The main thread: take a window from the reader, run its passes, write, log.
 
-    Hooks for metrics exporters: ``_on_pass`` (after each forward call) and ``_on_window`` (after a
-    window is written and acked, or dropped)."""
+    Hooks for metrics exporters: ``_on_pass`` (after each forward call), ``_on_written`` (after each write)
+    and ``_on_window_done`` (after a window is written and acked, or dropped)."""
 
     def __init__(self, settings, started: Started, drain: bool):
         self.s = settings
@@ -188,10 +188,7 @@ class _Loop:
                 self._put(PassWrite(job, last=True))
                 return
             self.status.pass_started()
-            try:
-                res = next(passes)
-            finally:
-                self.status.pass_finished()
+            res = next(passes)
             job.metrics.stats.items += res.stats.items
             job.metrics.stats.merge(res.stats)
             job.metrics.split_retries += res.split_retries

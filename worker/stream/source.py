@@ -159,9 +159,6 @@ class StreamSource:
             return 0
         return int(refresh_script(self.client, [self.stream], [self.group, self.consumer, *ids]))
 
-    def ack(self, ids: list[str]) -> int:
-        return int(self.client.xack(self.stream, self.group, *ids)) if ids else 0
-
 
 def recovery_key(stream: str, group: str) -> str:
     return f"{stream}:recovery:{group}"

@@ -25,10 +25,7 @@ class Window:
     prepared: list[Prepared] = field(default_factory=list)  # aligned with tickets
     rejected: list[tuple[RawEntry, str | None, str]] = field(default_factory=list)  # (entry, ticket id, reason)
     read_ms: float = 0.0
-    tokenize_ms: float = 0.0
-    read_started_s: float = (
-        0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
-    )
+    tokenize_ms: float = 0.0  # parse + tokenize
     backlog: int | None = None
     pending: int | None = None
     epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
@@ -54,6 +51,7 @@ def build_window(
     max_deliveries: int,
 ) -> Window:
     """Parse, drop poison entries, tokenize the rest in one call (one call per ticket if that call fails)."""
+    t0 = time.perf_counter()
     w = Window(entries=entries, source=source)
     candidates: list[tuple[RawEntry, Ticket]] = []
     for e in entries:
@@ -64,7 +62,6 @@ def build_window(
             w.rejected.append((e, parsed.ticket_id, parsed.reason))
         else:
             candidates.append((e, parsed))
-    t0 = time.perf_counter()
     texts = [t.text for _, t in candidates]
     try:
         prepared = prepare(texts) if texts else []
