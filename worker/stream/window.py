@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from worker.engine.types import InvalidTicket, Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
@@ -33,6 +34,11 @@ class Window:
     @property
     def ids(self) -> list[str]:
         return [e.stream_id for e in self.entries]
+
+    @cached_property
+    def by_id(self) -> dict[str, RawEntry]:
+        """Entries by stream id, built once per window (on its first dead letter), not once per pass."""
+        return {e.stream_id: e for e in self.entries}
 
 
 def poison_reason(deliveries: int, max_deliveries: int) -> str:
@@ -116,13 +122,12 @@ def pass_outcome(
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     out = Outcome()
     latencies: list[float] = []
-    by_id = {e.stream_id: e for e in w.entries}
     for i, pred in zip(indices, predictions):
         ticket = w.tickets[i]
         out.ack_ids.append(ticket.stream_id)
         if isinstance(pred, Exception):
             reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {_short(pred)})"
-            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
+            out.dead_letters.append(_dead(w.by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
             continue
         latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
         latencies.append(latency)
