@@ -37,31 +37,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import redis
-    from pydantic import ValidationError
 
+    from worker import preflight
     from worker.logs import mask_url
     from worker.observability.status import Target
-    from worker.settings import Settings
 
-    try:
-        s = Settings()
-    except ValidationError as e:
-        print(f"triage-worker status: invalid settings:\n{e}", file=sys.stderr)
-        return 2
+    # as for healthcheck: unknown TRIAGE_ names are `run`'s and `check`'s business
+    s, problems = preflight.load_settings(unknown=False)
+    if problems:
+        for p in problems:
+            print(f"triage-worker status: {p}", file=sys.stderr)
+        return preflight.EXIT_CONFIG
     if args.interval_s <= 0 or args.window_s <= 0 or args.max_results < 1:
         print("triage-worker status: --interval-s and --window-s must be > 0, --max-results >= 1", file=sys.stderr)
-        return 2
+        return preflight.EXIT_CONFIG
     url = mask_url(s.redis_url)
     target = Target(
         s.input_stream, s.group, s.results_stream, s.dead_letter_stream, s.heartbeat_key_prefix, s.claim_idle_ms
     )
-    try:
-        client = redis.Redis.from_url(
-            s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True, encoding_errors="replace"
-        )
-    except ValueError as e:  # a malformed URL: say which setting
-        print(f"triage-worker status: TRIAGE_REDIS_URL is not a Redis URL ({e})", file=sys.stderr)
-        return 2
+    client = redis.Redis.from_url(  # the URL parses: load_settings checked it
+        s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True, encoding_errors="replace"
+    )
     try:
         return _loop(client, target, url, args)
     except KeyboardInterrupt:  # Ctrl-C ends a watch

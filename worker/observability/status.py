@@ -10,14 +10,16 @@ clock (TIME), the clock that stamps stream entry ids.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from worker.engine.types import percentile
 from worker.observability.reasons import reason_class
 from worker.stream.health import fresh_heartbeats
-from worker.stream.metrics import percentile
+from worker.stream.records import stream_id_ms
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,9 @@ def _results(client, stream: str, now_ms: int, since_ms: int, window_s: float, m
     # Capped at max_results: the rate is over the span those results cover, not the whole window.
     span_s = window_s
     if rows and len(rows) >= max_results:
-        span_s = max((now_ms - _id_ms(rows[-1][0])) / 1000.0, 1e-3)
+        span_s = max((now_ms - stream_id_ms(rows[-1][0])) / 1000.0, 1e-3)
     latencies = [float(f["latency_ms"]) for _id, f in rows if _is_number(f.get("latency_ms"))]
-    by_worker: dict[str, int] = {}
-    for _id, f in rows:
-        by_worker[f.get("worker", "")] = by_worker.get(f.get("worker", ""), 0) + 1
+    by_worker = Counter(f.get("worker", "") for _id, f in rows)
     return {
         "stream": stream,
         "window_s": window_s,
@@ -116,19 +116,16 @@ def _results(client, stream: str, now_ms: int, since_ms: int, window_s: float, m
             **{f"p{q}": _r(percentile(latencies, q)) for q in (50, 90, 99)},
             "max": _r(max(latencies, default=None)),
         },
-        "newest_age_s": None if newest is None else round(max(0, now_ms - _id_ms(newest)) / 1000.0, 1),
+        "newest_age_s": None if newest is None else round(max(0, now_ms - stream_id_ms(newest)) / 1000.0, 1),
         "total": int(client.xlen(stream)),
-        "by_worker": by_worker,
+        "by_worker": dict(by_worker),
     }
 
 
 def _dead_letters(client, stream: str, since_ms: int, max_rows: int) -> dict[str, Any]:
     rows = client.xrevrange(stream, max="+", min=str(since_ms), count=max_rows)
-    by_reason: dict[str, int] = {}
-    for _id, f in rows:
-        c = reason_class(f.get("reason"))
-        by_reason[c] = by_reason.get(c, 0) + 1
-    return {"stream": stream, "length": int(client.xlen(stream)), "in_window": len(rows), "by_reason": by_reason}
+    by_reason = Counter(reason_class(f.get("reason")) for _id, f in rows)
+    return {"stream": stream, "length": int(client.xlen(stream)), "in_window": len(rows), "by_reason": dict(by_reason)}
 
 
 def _worker(name: str, beat: dict | None, xinfo: dict | None, done: int, now_ms: int, claim_idle_ms: int) -> dict:
@@ -175,10 +172,6 @@ def _age_s(now_ms: int, then_ms: Any) -> float | None:
     if not _is_number(then_ms):
         return None
     return round(max(0.0, now_ms - float(then_ms)) / 1000.0, 1)
-
-
-def _id_ms(entry_id: str) -> int:
-    return int(str(entry_id).split("-", 1)[0])
 
 
 def _is_number(v: Any) -> bool:

@@ -1,7 +1,7 @@
 """Redis client construction and the reconnect policy (capped exponential backoff).
 
-redis-py's own silent retries are switched off: a MULTI/EXEC replayed blindly
-after a lost reply could write a batch twice. The worker retries itself and
+redis-py's own silent retries are switched off: a write replayed blindly
+after a lost reply could write a pass twice. The worker retries itself and
 knows what it is retrying (see ``loop.py``: a write is retried only for the
 entries that are still pending).
 """

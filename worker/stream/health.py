@@ -49,7 +49,9 @@ class Status:
             self._on_phase(phase)
 
     def pass_started(self) -> None:
-        """Phase "inferring" and the pass clock start together, so a reader never sees one without the other."""
+        """Phase "inferring" and the pass clock start together, so a reader never sees one without the other.
+
+        The clock stays until the phase moves on: between two passes of a window the last pass's start shows."""
         with self._lock:
             changed = self.phase != "inferring"
             self.pass_started_at_ms = now_ms()
@@ -57,9 +59,6 @@ class Status:
                 self.phase, self.phase_since_ms = "inferring", self.pass_started_at_ms
         if changed and self._on_phase is not None:
             self._on_phase("inferring")
-
-    def pass_finished(self) -> None:
-        """Kept until the phase moves on: between two passes of a window the last pass's start stays visible."""
 
     def add(self, **counts: int) -> None:
         with self._lock:

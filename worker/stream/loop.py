@@ -15,188 +15,42 @@ from __future__ import annotations
 import threading
 import time
 
-from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.classify import PassResult, run_passes
-from worker.stream.connection import Backoff, connect, is_transient
+from worker.stream.connection import Backoff, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
-from worker.stream.health import Heartbeat, Keeper, Status
 from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
-from worker.stream.shutdown import Shutdown
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink
-from worker.stream.source import StreamSource
+from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
-
 
 def run_worker(settings, *, drain: bool = False) -> int:
-    """Run until a signal (or, with ``drain``, until the stream is empty); the exit code.
-
-    Redis first, the model second: a wrong URL or a Redis that is down shows in the first
-    second, not after the model has loaded (seconds to minutes)."""
-    log = get_logger("triage.worker").bind(consumer=settings.consumer)
-    shutdown = Shutdown(log)
-    shutdown.install()
-    client = connect(settings.redis_url)
-    source = StreamSource(client, settings.input_stream, settings.group, settings.consumer)
-    ready = _setup(source, settings, shutdown, log, give_up_s=settings.drain_redis_timeout_s if drain else None)
-    if ready != "ok":
-        if ready == "stopped":
-            log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
-            return EXIT_OK
-        return EXIT_REDIS if ready == "unreachable" else EXIT_CONFIG
-
-    status = Status(on_phase=prometheus.current().set_phase)
-    heartbeat = Heartbeat(
-        client,
-        settings.heartbeat_key_prefix,
-        settings.consumer,
-        settings.heartbeat_ttl_s,
-        {"stream": settings.input_stream, "group": settings.group, "model": settings.model},
-    )
-    keeper = Keeper(heartbeat, status, refresh=None, refresh_interval_s=settings.claim_idle_ms / 3000.0, log=log)
-    keeper.start()  # phase "starting" while the model loads
-    try:
-        clf = _load_model(settings, log)
-    except BaseException:
-        keeper.stop()
-        _quietly(heartbeat.clear)
-        raise
-    heartbeat.info["model"] = clf.model_name
-    loop = _Loop(settings, clf, client, source, shutdown, log, drain, status=status, heartbeat=heartbeat, keeper=keeper)
-    return loop.run()
-
-
-def _load_model(settings, log):
-    from worker.assemble import build_classifier
-    from worker.logs import route_transformers_logs
-
-    route_transformers_logs()
-    t0 = time.perf_counter()
-    clf = build_classifier(settings)
-    clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
-    log.info(
-        "model_loaded",
-        model=clf.model_name,
-        device=str(clf.device),
-        dtype=clf.dtype_name,
-        labels=list(clf.labels),
-        prefix_tokens=clf.prefix_length,
-        load_ms=round((time.perf_counter() - t0) * 1000),
-        torch_threads=_torch_threads(),
-    )
-    prometheus.current().set_model(
-        model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, consumer=settings.consumer
-    )
-    return clf
-
-
-def _torch_threads() -> int:
-    import torch  # already loaded with the model
-
-    return torch.get_num_threads()
-
-
-def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s: float | None) -> str:
-    """Create the group (waiting for Redis if needed) and refuse keys of the wrong type.
-
-    "ok", "stopped" (a signal while waiting), "config" (wrong key type, no permission) or
-    "unreachable" (``give_up_s`` passed without an answer: --drain must not hang forever)."""
-    backoff = Backoff(settings.reconnect_max_s)
-    t0 = time.monotonic()
-    while not shutdown.stop.is_set():
-        try:
-            created = source.ensure_group()
-            for name in (settings.input_stream, settings.results_stream, settings.dead_letter_stream):
-                kind = source.key_type(name)
-                if kind not in ("none", "stream"):
-                    log.error(
-                        "wrong_key_type",
-                        key=name,
-                        type=kind,
-                        expected="stream",
-                        fix="rename the key or point TRIAGE_*_STREAM elsewhere",
-                    )
-                    return "config"
-            if backoff.reset():
-                log.info("redis_reconnected", op="setup")
-            if created is not None:
-                log.info("group_created", stream=settings.input_stream, group=settings.group, start_id=created)
-            return "ok"
-        except Exception as e:  # noqa: BLE001
-            if not is_transient(e):
-                log.error("setup_failed", error=f"{type(e).__name__}: {e}")
-                return "config"
-            waited_s = time.monotonic() - t0
-            if backoff.attempt == 0:
-                give_up = (
-                    f"; --drain gives up after {give_up_s:g} s (TRIAGE_DRAIN_REDIS_TIMEOUT_S)" if give_up_s else ""
-                )
-                log.warning(
-                    "waiting_for_redis",
-                    redis_url=mask_url(settings.redis_url),
-                    error=f"{type(e).__name__}: {e}",
-                    note="the model is loaded once Redis answers" + give_up,
-                )
-            if give_up_s is not None and waited_s >= give_up_s:
-                log.error(
-                    "redis_unreachable",
-                    redis_url=mask_url(settings.redis_url),
-                    waited_s=round(waited_s, 1),
-                    error=f"{type(e).__name__}: {e}",
-                    action="giving up (exit 3): check TRIAGE_REDIS_URL and that Redis is running",
-                )
-                return "unreachable"
-            delay = backoff.failed(shutdown.stop)
-            log.warning(
-                "redis_unavailable",
-                op="setup",
-                error=f"{type(e).__name__}: {e}",
-                attempt=backoff.attempt,
-                retried_after_s=round(delay, 2),
-            )
-    return "stopped"
-
-
-def _quietly(fn) -> None:
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - best effort on the way out
-        pass
+    """Run until a signal (or, with ``drain``, until the stream is empty); the exit code."""
+    started = start(settings, drain=drain)
+    if isinstance(started, int):
+        return started
+    return _Loop(settings, started, drain).run()
 
 
 class _Loop:
     """The main thread: take a window from the reader, run its passes, write, log.
 
-    Hooks for metrics exporters: ``_on_pass`` (after each forward call) and ``_on_window`` (after a
-    window is written and acked, or dropped)."""
+    Hooks for metrics exporters: ``_on_pass`` (after each forward call), ``_on_written`` (after each write)
+    and ``_on_window_done`` (after a window is written and acked, or dropped)."""
 
-    def __init__(
-        self,
-        settings,
-        clf,
-        client,
-        source: StreamSource,
-        shutdown: Shutdown,
-        log,
-        drain: bool,
-        *,
-        status: Status,
-        heartbeat: Heartbeat,
-        keeper: Keeper,
-    ):
+    def __init__(self, settings, started: Started, drain: bool):
         self.s = settings
-        self.clf = clf
-        self.source = source
-        self.shutdown = shutdown
-        self.log = log
+        self.clf = started.clf
+        self.source = started.source
+        self.shutdown = started.shutdown
+        self.log = started.log
         self.drain = drain
-        self.guard = GroupGuard(source, log)
+        self.guard = GroupGuard(self.source, self.log)
         self.sink = ResultSink(
-            client,
+            started.client,
             input_stream=settings.input_stream,
             group=settings.group,
             results_stream=settings.results_stream,
@@ -208,14 +62,14 @@ class _Loop:
             consumer=settings.consumer,
             trim_input=settings.input_trim,
         )
-        self.heartbeat = heartbeat
-        self.status = status
-        self.keeper = keeper
+        self.heartbeat = started.heartbeat
+        self.status = started.status
+        self.keeper = started.keeper
         self.summary = Summary(settings.log_summary_s, time.monotonic())
         self._summary_lock = threading.Lock()
         self.reader = Reader(
-            source,
-            clf.prepare,
+            self.source,
+            self.clf.prepare,
             guard=self.guard,
             max_items=settings.window_max_items,
             max_wait_ms=settings.max_wait_ms,
@@ -223,8 +77,8 @@ class _Loop:
             max_deliveries=settings.max_deliveries,
             max_text_bytes=settings.max_text_bytes,
             reconnect_max_s=settings.reconnect_max_s,
-            stop=shutdown.stop,
-            log=log,
+            stop=self.shutdown.stop,
+            log=self.log,
             drain=drain,
             prefetch=settings.prefetch,
             on_reconnect=self._count_reconnect,
@@ -334,10 +188,7 @@ class _Loop:
                 self._put(PassWrite(job, last=True))
                 return
             self.status.pass_started()
-            try:
-                res = next(passes)
-            finally:
-                self.status.pass_finished()
+            res = next(passes)
             job.metrics.stats.items += res.stats.items
             job.metrics.stats.merge(res.stats)
             job.metrics.split_retries += res.split_retries

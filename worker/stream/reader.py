@@ -156,9 +156,6 @@ class Reader(threading.Thread):
         self._partial, self._read_ms = [], 0.0
         source = "new"
         self._epoch = self.guard.epoch
-        read_start_s = (
-            time.monotonic()
-        )  # before any entry is delivered: a stall from here on counts toward the reclaim clock
         try:
             source, entries = self._read()
             failures = self.backoff.reset()
@@ -169,13 +166,10 @@ class Reader(threading.Thread):
             self._on_read_error(e)
         if not entries:
             return None
-        t0 = time.perf_counter()
         window = build_window(
             entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
         )
-        window.tokenize_ms = (time.perf_counter() - t0) * 1000  # parse + tokenize
-        window.read_ms, window.read_started_s = self._read_ms, read_start_s
-        window.epoch = self._epoch
+        window.read_ms, window.epoch = self._read_ms, self._epoch
         try:
             state = self.source.group_state()
             if state is not None:

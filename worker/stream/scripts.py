@@ -209,7 +209,10 @@ return #ids
 
 
 class Script:
-    """A Lua script run with EVALSHA (EVAL once the server has forgotten it, e.g. after a restart)."""
+    """A Lua script run with EVALSHA (EVAL once the server has forgotten it, e.g. after a restart).
+
+    Not redis-py's ``register_script``: its fallback is SCRIPT LOAD, which the least-privilege ACL
+    (docs/reliability.md, ``+evalsha +eval``) refuses with NOPERM once a restart emptied the script cache."""
 
     def __init__(self, source: str):
         self.source = source

@@ -3,7 +3,7 @@
 First signal (warm): stop reading, finish and ack what was already read, exit 0.
 Second signal (cold): exit at once; whatever was read but not acked stays in the
 consumer group's pending list, where another worker reclaims it (XAUTOCLAIM).
-Exiting mid-transaction is safe: MULTI/EXEC either ran entirely or not at all.
+Exiting mid-write is safe: the settle script (scripts.py) ran entirely or not at all.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import redis
 
 from worker.stream.messages import as_text
 from worker.stream.scripts import settle_script
-from worker.stream.source import recovery_key
+from worker.stream.source import id_order, recovery_key
 
 
 class PartialWriteError(RuntimeError):
@@ -147,12 +147,5 @@ def _records(outcome: Outcome) -> list[tuple[str, dict[str, str]]]:
     """Results and dead letters in input-entry order, so that of two entries with the same ticket id
     in one write, the later one's record is the latest-result key (last write wins, as across writes)."""
     recs = [("r", r) for r in outcome.results] + [("d", d) for d in outcome.dead_letters]
-    return sorted(recs, key=lambda kr: _id_key(kr[1].get("stream_id", "")))
-
-
-def _id_key(stream_id: str) -> tuple[int, int]:
-    ms, _, seq = stream_id.partition("-")
-    try:
-        return int(ms), int(seq or 0)
-    except ValueError:  # not a stream id (tools writing records by hand): after the real ones, in given order
-        return 2**64, 0
+    # a record without a stream id (tools writing records by hand) goes after the real ones, in given order
+    return sorted(recs, key=lambda kr: id_order(kr[1].get("stream_id", "")))

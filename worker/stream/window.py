@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from worker.engine.types import InvalidTicket, Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
@@ -25,10 +26,7 @@ class Window:
     prepared: list[Prepared] = field(default_factory=list)  # aligned with tickets
     rejected: list[tuple[RawEntry, str | None, str]] = field(default_factory=list)  # (entry, ticket id, reason)
     read_ms: float = 0.0
-    tokenize_ms: float = 0.0
-    read_started_s: float = (
-        0.0  # time.monotonic() before the read that delivered these entries: their idle clock started no earlier
-    )
+    tokenize_ms: float = 0.0  # parse + tokenize
     backlog: int | None = None
     pending: int | None = None
     epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
@@ -36,6 +34,11 @@ class Window:
     @property
     def ids(self) -> list[str]:
         return [e.stream_id for e in self.entries]
+
+    @cached_property
+    def by_id(self) -> dict[str, RawEntry]:
+        """Entries by stream id, built once per window (on its first dead letter), not once per pass."""
+        return {e.stream_id: e for e in self.entries}
 
 
 def poison_reason(deliveries: int, max_deliveries: int) -> str:
@@ -54,6 +57,7 @@ def build_window(
     max_deliveries: int,
 ) -> Window:
     """Parse, drop poison entries, tokenize the rest in one call (one call per ticket if that call fails)."""
+    t0 = time.perf_counter()
     w = Window(entries=entries, source=source)
     candidates: list[tuple[RawEntry, Ticket]] = []
     for e in entries:
@@ -64,7 +68,6 @@ def build_window(
             w.rejected.append((e, parsed.ticket_id, parsed.reason))
         else:
             candidates.append((e, parsed))
-    t0 = time.perf_counter()
     texts = [t.text for _, t in candidates]
     try:
         prepared = prepare(texts) if texts else []
@@ -119,13 +122,12 @@ def pass_outcome(
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     out = Outcome()
     latencies: list[float] = []
-    by_id = {e.stream_id: e for e in w.entries}
     for i, pred in zip(indices, predictions):
         ticket = w.tickets[i]
         out.ack_ids.append(ticket.stream_id)
         if isinstance(pred, Exception):
             reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {_short(pred)})"
-            out.dead_letters.append(_dead(by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
+            out.dead_letters.append(_dead(w.by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
             continue
         latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
         latencies.append(latency)

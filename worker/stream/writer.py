@@ -56,7 +56,6 @@ class Writer(threading.Thread):
         self.on_window_done = on_window_done
         self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
         self.failed: BaseException | None = None
-        self.busy = threading.Event()  # set while a write is in progress (for the heartbeat's phase)
 
     def put(self, item: PassWrite, on_wait: Callable[[], None] | None = None) -> None:
         """Queue a write; blocks while ``max_queued`` writes wait (calls ``on_wait`` once if it has to)."""
@@ -92,12 +91,8 @@ class Writer(threading.Thread):
     def _write(self, item: PassWrite) -> None:
         job = item.job
         if not job.dropped and item.outcome:
-            self.busy.set()
             t0 = time.perf_counter()
-            try:
-                written = self.commit(item.outcome, job.window)
-            finally:
-                self.busy.clear()
+            written = self.commit(item.outcome, job.window)
             job.metrics.write_ms += (time.perf_counter() - t0) * 1000
             if written is None:
                 job.dropped = True
