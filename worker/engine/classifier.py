@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -281,46 +282,37 @@ class Classifier:
 
         ``on_device()`` is called once the host-side preparation is done, before the pass's first device work.
         """
+        packed = self.kind == "decoder" and (attention or self.attention) == "packed"
+        with nullcontext() if packed else sdpa_context(self.model.device):
+            fwd = self._forward(items, prefix_cache, pad_to, packed, on_device)
+            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+
+    def _forward(
+        self, items: Sequence[Prepared], prefix_cache: bool | None, pad_to: int | None, packed: bool, on_device
+    ) -> ForwardOut:
+        """The backbone's pooled states (and what the scorer keeps) for ``items``: one forward call."""
         if self.kind == "encoder":  # bidirectional: [CLS] ticket [SEP] rows, padded, no prefix
-            with sdpa_context(self.model.device):
-                fwd = run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to, on_device=on_device)
-                return self.scorer.scores(self.model, fwd).double()
-        cached = self._cached(prefix_cache)
-        if cached and self._prefix is None:
-            self._prefix = compute_prefix(self.model, self.template.prefix_ids)
-        if cached:
+            return run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to, on_device=on_device)
+        if self._cached(prefix_cache):
+            if self._prefix is None:
+                self._prefix = compute_prefix(self.model, self.template.prefix_ids)
             rows, prefix, pool_from = [p.ids for p in items], self._prefix, 0
         else:
             rows, prefix, pool_from = [self.template.prefix_ids + p.ids for p in items], None, self.prefix_length
-        if (attention or self.attention) == "packed":
+        common = dict(
+            keep_cache=self.scorer.needs_cache,
+            mean_pool=self.scorer.needs_mean,
+            pool_from=pool_from,
+            on_device=on_device,
+        )
+        if packed:
             from worker.engine.packed import run_packed
 
-            fwd = run_packed(
-                self.model,
-                rows,
-                self.pad_id,
-                prefix,
-                keep_kv=self.scorer.needs_cache,
-                mean_pool=self.scorer.needs_mean,
-                pool_from=pool_from,
-                kernel=self.attention_kernel,
-                runner=self._graph_runner(),
-                on_device=on_device,
+            runner = self._graph_runner()
+            return run_packed(
+                self.model, rows, self.pad_id, prefix, kernel=self.attention_kernel, runner=runner, **common
             )
-            return self.scorer.scores(self.model, self._join(fwd, items)).double()
-        with sdpa_context(self.model.device):
-            fwd = run_forward(
-                self.model,
-                rows,
-                self.pad_id,
-                prefix,
-                keep_cache=self.scorer.needs_cache,
-                mean_pool=self.scorer.needs_mean,
-                pool_from=pool_from,
-                pad_to=pad_to,
-                on_device=on_device,
-            )
-            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+        return run_forward(self.model, rows, self.pad_id, prefix, pad_to=pad_to, **common)
 
     def _join(self, fwd: ForwardOut, items: Sequence[Prepared]) -> ForwardOut:
         """Joined features: the encoder on the same tickets (padded to its own longest), its states appended."""
