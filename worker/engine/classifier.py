@@ -1,8 +1,9 @@
 """The engine: tokenize -> plan length buckets -> one forward call per pass -> label probabilities.
 
-Split like infinity's models: ``prepare`` (tokenize, CPU), ``run_pass``
-(forward, device), ``postprocess`` (softmax, threshold). The worker overlaps
-``prepare`` of the next window with ``classify`` of the current one.
+Split like infinity's models: ``prepare`` (tokenize, CPU: ``framing``), ``run_pass``
+(forward, device; ``launch`` holds a queued pass and its clocks), ``postprocess``
+(softmax, threshold). The worker overlaps ``prepare`` of the next window with
+``classify`` of the current one.
 
 Everything a classifier does is fixed when it is built (``EngineOptions``,
 scorer, score bias); ``with_scoring`` gives a new one on the same loaded model.
@@ -30,7 +31,9 @@ from worker.engine import bucketing, varlen
 from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
+from worker.engine.framing import Framing, prepare
 from worker.engine.labels import LabelTokens
+from worker.engine.launch import LaunchedPass
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate, build_template, encoder_template
 from worker.engine.scoring import HeadRequired, PromptScorer, Scorer
@@ -82,15 +85,16 @@ class Classifier:
         self.head_prompt = head_prompt if self.kind == "decoder" else None  # the prompt a head's states come from
         if self.kind == "encoder":
             self.template: PromptTemplate = encoder_template(self.tokenizer)
-            self.max_input_tokens = _fit_length(self.options.max_input_tokens, loaded, self.template)
         else:
             self.template = build_template(self.tokenizer, task.labels_only() if head_prompt == "labels" else task)
-            self.max_input_tokens = self.options.max_input_tokens
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        if encoder is not None:
-            self.aux_template = encoder_template(encoder.tokenizer)
-            self.aux_max_tokens = _fit_length(self.options.max_input_tokens, encoder, self.aux_template)
-            self.aux_pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
+        self.framing = Framing.of(loaded, self.template, self.options.max_input_tokens)
+        self.max_input_tokens, self.pad_id = self.framing.limit, self.framing.pad_id
+        # joined features: how the encoder sees the same tickets
+        self.aux_framing = (
+            Framing.of(encoder, encoder_template(encoder.tokenizer), self.options.max_input_tokens)
+            if encoder is not None
+            else None
+        )
         self._set_scoring(scorer, score_bias)
         # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
@@ -156,7 +160,7 @@ class Classifier:
     @property
     def use_prefix_cache(self) -> bool:
         """The prompt prefix's KV cache is on (never for an encoder: it is bidirectional, no prefix)."""
-        return self.options.prefix_cache and self.kind == "decoder"
+        return self._cached(None)
 
     @property
     def feature_blocks(self) -> tuple[int, ...]:
@@ -178,42 +182,8 @@ class Classifier:
 
     # --------------------------------------------------------------- tokenize
     def prepare(self, texts: Sequence[str]) -> list[Prepared | InvalidTicket]:
-        """Tokenize tickets in one tokenizer call; bad ones come back as ``InvalidTicket``."""
-        out: list[Prepared | InvalidTicket] = [InvalidTicket("ticket text is empty")] * len(texts)
-        todo = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                out[i] = InvalidTicket(f"ticket text must be a string, got {type(t).__name__}")
-        if not todo:
-            return out
-        batch = [texts[i] for i in todo]
-        # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
-        enc = self.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        aux = (
-            self.encoder.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            if self.encoder is not None
-            else None
-        )
-        lead, tail = self.template.lead_ids, self.template.tail_ids
-        limit = self.max_input_tokens
-        for k, (i, ids) in enumerate(zip(todo, enc)):
-            n = len(ids)
-            if n > limit:
-                if not self.options.truncate:
-                    out[i] = InvalidTicket(f"ticket is {n} tokens, over the {limit}-token limit (truncation is off)")
-                    continue
-                ids = ids[:limit]
-            aux_ids, aux_cut = (), False
-            if aux is not None:
-                t, cap = self.aux_template, self.aux_max_tokens
-                aux_ids, aux_cut = t.lead_ids + tuple(aux[k][:cap]) + t.tail_ids, len(aux[k]) > cap
-            out[i] = Prepared(
-                ids=lead + tuple(ids) + tail,
-                n_text_tokens=min(n, limit),
-                truncated=n > limit or aux_cut,
-                aux_ids=aux_ids,
-            )
-        return out
+        """Tokenize tickets in one tokenizer call (per backbone); bad ones come back as ``InvalidTicket``."""
+        return prepare(texts, self.framing, self.options.truncate, self.aux_framing)
 
     def prepare_valid(self, texts: Sequence[str]) -> list[Prepared]:
         """Like ``prepare`` but raises on the first invalid ticket."""
@@ -319,7 +289,7 @@ class Classifier:
         if self.encoder is None:
             return fwd
         with sdpa_context(self.encoder.model.device):
-            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_pad_id))
+            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_framing.pad_id))
 
     def _graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
@@ -438,12 +408,6 @@ class Classifier:
         return self.classify(self.prepare_valid(texts))[0]
 
 
-def _fit_length(max_input_tokens: int, loaded: LoadedModel, template: PromptTemplate) -> int:
-    """Ticket tokens an encoder takes: its position limit less the special tokens around the ticket."""
-    specials = len(template.lead_ids) + len(template.tail_ids)
-    return max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
-
-
 def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
     """The LM's pooled states with the encoder's appended (float32); the LM's cache and positions kept."""
     return ForwardOut(
@@ -453,54 +417,6 @@ def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
         attention_mask=lm.attention_mask,
         next_pos=lm.next_pos,
     )
-
-
-class LaunchedPass:
-    """A pass queued on the device, with its clocks.
-
-    ``host_ms``: host time spent launching it (token stream, Python, kernel launches or graph
-    replay). ``gpu_ms`` (CUDA only): device time from the pass's first device work (``mark``, after
-    the host-side preparation) to its scores landing in host memory, from CUDA events; device time
-    waiting for the host's launches inside that span counts, time before it does not.
-    ``wall_ms``: launch start until its scores are on the host.
-    """
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.gpu_ms: float | None = None
-        self.host_ms = self.wall_ms = 0.0
-        self._marked = False
-        if self.cuda:
-            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._t0 = time.perf_counter()
-
-    def mark(self) -> None:
-        """The host has prepared the pass; its device work is queued from here on."""
-        if self.cuda and not self._marked:
-            self._start.record()
-        self._marked = True
-
-    def finish_launch(self, scores: torch.Tensor) -> LaunchedPass:
-        self.mark()  # a path that never called it: the span is then only the host copy
-        if self.cuda:
-            self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
-            self._host.copy_(scores, non_blocking=True)
-            self._end.record()
-        else:
-            self._host = scores.cpu()
-        self.host_ms = (time.perf_counter() - self._t0) * 1000
-        self._done = not self.cuda
-        if self._done:
-            self.wall_ms = self.host_ms
-        return self
-
-    def result(self) -> np.ndarray:
-        if not self._done:
-            self._end.synchronize()
-            self.gpu_ms = self._start.elapsed_time(self._end)
-            self.wall_ms = (time.perf_counter() - self._t0) * 1000
-            self._done = True
-        return self._host.numpy()
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

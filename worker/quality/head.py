@@ -39,8 +39,8 @@ def prompt_hash(clf) -> str:
     """Identifies the token ids around every ticket: hidden states depend on them."""
     t = clf.template
     parts = [list(t.prefix_ids), list(t.tail_ids)] + ([["lead"] + list(t.lead_ids)] if t.lead_ids else [])
-    aux = getattr(clf, "aux_template", None) if getattr(clf, "encoder", None) is not None else None
-    if aux is not None:  # joined features: the encoder's framing too
+    if clf.aux_framing is not None:  # joined features: the encoder's framing too
+        aux = clf.aux_framing.template
         parts.append(["encoder"] + list(aux.lead_ids) + ["|"] + list(aux.tail_ids))
     blob = json.dumps(parts).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
