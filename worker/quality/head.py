@@ -78,10 +78,9 @@ class Head:
             problems.append(f"model {self.meta.get('model')!r} != {clf.model_name!r}")
         if self.meta.get("prompt_hash") != prompt_hash(clf):
             problems.append("the prompt (instructions, label descriptions or few-shot examples) changed since fitting")
-        dim = feature_dim(clf)
-        if self.mean.shape[0] != dim:
-            problems.append(f"feature size {self.mean.shape[0]} != {dim}")
-        want, have = self.meta.get("head_prompt"), getattr(clf, "head_prompt", None)
+        if self.mean.shape[0] != clf.feature_dim:
+            problems.append(f"feature size {self.mean.shape[0]} != {clf.feature_dim}")
+        want, have = self.meta.get("head_prompt"), clf.head_prompt
         if want and have and want != have:
             problems.append(f"fitted under the {want!r} prompt, this classifier uses {have!r} (TRIAGE_HEAD_PROMPT)")
         if problems:
@@ -128,12 +127,6 @@ class Head:
             t = {k: f.get_tensor(k).astype(np.float64) for k in ("mean", "std", "weight", "bias")}
         labels = tuple(meta.pop("labels"))
         return cls(labels, meta.pop("pooling"), meta.pop("method"), t["mean"], t["std"], t["weight"], t["bias"], meta)
-
-
-def feature_dim(clf) -> int:
-    """Width of the pooled states ``clf``'s passes produce (joined: LM + encoder)."""
-    dim = getattr(clf, "feature_dim", None)
-    return int(dim) if dim is not None else int(clf.model.config.hidden_size)
 
 
 def normalize_blocks(z: np.ndarray, blocks: Sequence[int]) -> np.ndarray:
