@@ -79,7 +79,7 @@ class Classifier:
         self.tokenizer = loaded.tokenizer
         self.kind = loaded.kind  # "decoder" | "encoder"
         self.encoder = encoder
-        self.model_name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
+        self.model_name = backbone_name(loaded, encoder)
         self.task = task
         self.options = dataclasses.replace(options or EngineOptions(), **option_changes)
         self.head_prompt = head_prompt if self.kind == "decoder" else None  # the prompt a head's states come from
@@ -406,6 +406,11 @@ class Classifier:
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]
+
+
+def backbone_name(loaded: LoadedModel, encoder: LoadedModel | None = None) -> str:
+    """The model name results, logs and heads carry: the model's, then ``+`` the joined encoder's."""
+    return loaded.name + (f"+{encoder.name}" if encoder is not None else "")
 
 
 def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:

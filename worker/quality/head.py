@@ -46,6 +46,17 @@ def prompt_hash(clf) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def head_meta(clf, source: str) -> dict:
+    """What a head fitted on ``clf``'s pooled states records about them (``Head.check`` compares it on load)."""
+    return {
+        "model": clf.model_name,
+        "prompt_hash": prompt_hash(clf),
+        "dtype": clf.dtype_name,
+        "source": source,
+        "head_prompt": clf.head_prompt,
+    }
+
+
 @dataclass
 class Head:
     labels: tuple[str, ...]
