@@ -175,11 +175,15 @@ def gguf_root(cache_dir: Path) -> Path:
     return Path(cache_dir) / "gguf"
 
 
-def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
-    """16 hex chars of SHA-256 over (size, content); remembered per (path, size, mtime) in gguf/index.json."""
-    stat = gguf.stat()
-    stamp = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    index_path = gguf_root(cache_dir) / "index.json"
+def gguf_index(cache_dir: Path) -> Path:
+    return gguf_root(cache_dir) / "index.json"
+
+
+def content_key(path: Path, index_path: Path) -> str:
+    """16 hex chars of SHA-256 over (size, content) of the file at ``path``; remembered in the JSON map at
+    ``index_path`` per (resolved path, size, mtime), so an unchanged file is hashed once."""
+    stat = path.stat()
+    stamp = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
@@ -187,7 +191,7 @@ def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
     if isinstance(index, dict) and isinstance(index.get(stamp), str):
         return index[stamp]
     h = hashlib.sha256(str(stat.st_size).encode())
-    with open(gguf, "rb") as f:
+    with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
     key = h.hexdigest()[:16]
@@ -204,7 +208,7 @@ def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
 
 
 def converted_target(gguf: Path, cache_dir: Path) -> Path:
-    return gguf_root(cache_dir) / f"{gguf.stem}-{gguf_content_key(gguf, cache_dir)}"
+    return gguf_root(cache_dir) / f"{gguf.stem}-{content_key(gguf, gguf_index(cache_dir))}"
 
 
 def is_converted(target: Path) -> bool:
@@ -236,7 +240,7 @@ def _tree_size(path: Path) -> int:
 def _live_keys(cache_dir: Path) -> set[str]:
     """Keys of GGUF files that still exist unchanged (from gguf/index.json: one line per path ever converted)."""
     try:
-        index = json.loads((gguf_root(cache_dir) / "index.json").read_text())
+        index = json.loads(gguf_index(cache_dir).read_text())
     except (OSError, ValueError):
         return set()
     live = set()
@@ -288,5 +292,5 @@ def clean_cache(cache_dir: Path, *, everything: bool = False, min_age_s: float =
             shutil.rmtree(e.path, ignore_errors=True)
             gone.append(e)
     if everything:
-        (gguf_root(cache_dir) / "index.json").unlink(missing_ok=True)
+        gguf_index(cache_dir).unlink(missing_ok=True)
     return gone
