@@ -304,22 +304,18 @@ class Classifier:
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
         probs = softmax(log_scores - self.score_bias)
-        threshold, fallback = self.options.confidence_threshold, self.options.fallback_label
-        preds = []
-        for row, p in zip(probs, items):
-            k = int(row.argmax())
-            label = self.labels[k]
-            if row[k] < threshold:
-                label = fallback
-            preds.append(
-                Prediction(
-                    label=label,
-                    scores={n: float(x) for n, x in zip(self.labels, row)},
-                    truncated=p.truncated,
-                    n_tokens=p.n_text_tokens,
-                )
+        top = probs.argmax(axis=1)
+        unsure = (probs[np.arange(len(probs)), top] < self.options.confidence_threshold).tolist()
+        names, fallback = self.labels, self.options.fallback_label
+        return [
+            Prediction(
+                label=fallback if low else names[k],
+                scores=dict(zip(names, row)),
+                truncated=p.truncated,
+                n_tokens=p.n_text_tokens,
             )
-        return preds
+            for row, k, low, p in zip(probs.tolist(), top.tolist(), unsure, items)
+        ]
 
     # ---------------------------------------------------------------- run all
     def classify_passes(
