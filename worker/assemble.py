@@ -75,15 +75,12 @@ def build_classifier(
 ) -> Classifier:
     """The classifier these settings describe; ``loaded`` (and ``encoder``, for ``TRIAGE_ENCODER``) share already
     loaded models, ``task`` replaces the configured one (eval and bench prompt variants)."""
-    from worker.engine.classifier import Classifier
+    from worker.engine.classifier import Classifier, backbone_name
 
     warn_deprecated_env()
-    if loaded is None:
-        loaded = load(settings)
-    if encoder is None and settings.encoder:
-        encoder = load(settings, settings.encoder)
+    loaded, encoder = backbones(settings, loaded, encoder)
     task = task or task_from_settings(settings)
-    name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
+    name = backbone_name(loaded, encoder)
     head_prompt = settings.head_prompt if planned_scorer(settings, task, loaded.kind, name) == "head" else "task"
     options = engine_options(settings, loaded.model.device)
     prompt = Classifier(loaded, task, options, encoder=encoder, head_prompt=head_prompt)
@@ -103,13 +100,22 @@ def features_classifier(
     ``TRIAGE_ENCODER``, ``TRIAGE_HEAD_PROMPT``), with no scorer chosen: what ``fit`` and ``eval`` fit heads on."""
     from worker.engine.classifier import Classifier
 
+    loaded, encoder = backbones(settings, loaded, encoder)
+    options = engine_options(prompt_scoring(settings), loaded.model.device)
+    task = task or task_from_settings(settings)
+    return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
+
+
+def backbones(
+    settings: Settings, loaded: LoadedModel | None = None, encoder: LoadedModel | None = None
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """The model ``TRIAGE_MODEL`` names and the encoder ``TRIAGE_ENCODER`` joins (None without one), each
+    loaded unless given."""
     if loaded is None:
         loaded = load(settings)
     if encoder is None and settings.encoder:
         encoder = load(settings, settings.encoder)
-    options = engine_options(prompt_scoring(settings), loaded.model.device)
-    task = task or task_from_settings(settings)
-    return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
+    return loaded, encoder
 
 
 def load(settings: Settings, name: str | None = None) -> LoadedModel:
@@ -186,7 +192,12 @@ def planned_scorer(settings: Settings, task: Task, kind: str, model_name: str) -
         return "head"
     if shipped_head_for(model_name, task) is not None:
         return "head"
-    return "prompt" if set(task.labels) - {e.label for e in task.examples} else "head"
+    return "prompt" if labels_without_examples(task) else "head"
+
+
+def labels_without_examples(task: Task) -> list[str]:
+    """The task's labels no few-shot example shows (a head fitted on the examples needs one per label)."""
+    return sorted(set(task.labels) - {e.label for e in task.examples})
 
 
 def shipped_head_for(model_name: str, task: Task) -> Path | None:
@@ -219,7 +230,7 @@ def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
         scorer = load_shipped_head(clf, shipped) if shipped is not None else None
         if scorer is not None:
             return scorer
-        missing = sorted(set(clf.labels) - {e.label for e in clf.task.examples})
+        missing = labels_without_examples(clf.task)
         if missing and clf.needs_head:
             raise ScoringConfigError(
                 f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) "
@@ -285,18 +296,12 @@ def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
 def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, pooling: str = AUTO_POOLING):
     """A head from the task's own few-shot examples, through the classifier's own forward pass."""
     from worker.quality.features import run_features
-    from worker.quality.head import fit_head, prompt_hash
+    from worker.quality.head import fit_head, head_meta
 
     examples = clf.task.examples
     feats = run_features(clf, clf.prepare_valid([e.text for e in examples]), score=False, progress=False)
-    meta = {
-        "model": clf.model_name,
-        "prompt_hash": prompt_hash(clf),
-        "dtype": clf.dtype_name,
-        "source": "task examples",
-        "head_prompt": clf.head_prompt,
-    }
     labels = [e.label for e in examples]
+    meta = head_meta(clf, "task examples")
     return fit_head(
         feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta, blocks=clf.feature_blocks
     )

@@ -73,11 +73,7 @@ def plan_passes(
     contiguous cut (a greedy fill would, e.g., pad a few short tickets up to one
     long outlier). Ties keep arrival order, so the plan is deterministic.
     """
-    if max_items < 1 or max_tokens < 1:
-        raise ValueError("max_items and max_tokens must be >= 1")
-    if any(n < 1 for n in lengths):
-        raise ValueError("every item needs at least one token")
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    order = _by_length(lengths, max_items, max_tokens)
     srt = [lengths[i] for i in order]
     n = len(srt)
     inf = float("inf")
@@ -109,11 +105,7 @@ def plan_packed(lengths: Sequence[int], max_items: int, max_tokens: int) -> list
     together (their results come first) and bounds each pass's longest row, which
     sizes the attention kernel's grid. O(n log n): fine for windows of many thousands.
     """
-    if max_items < 1 or max_tokens < 1:
-        raise ValueError("max_items and max_tokens must be >= 1")
-    if any(n < 1 for n in lengths):
-        raise ValueError("every item needs at least one token")
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    order = _by_length(lengths, max_items, max_tokens)
     out, cur, tokens = [], [], 0
     for i in order:
         if cur and (len(cur) >= max_items or tokens + lengths[i] > max_tokens):
@@ -139,6 +131,15 @@ def padding_stats(passes: Sequence[Pass], pad_to: int | None = None) -> PaddingS
     real = sum(b.real_tokens for b in passes)
     padded = sum(b.size * (pad_to if pad_to is not None else b.max_len) for b in passes)
     return PaddingStats(real_tokens=real, padded_tokens=padded)
+
+
+def _by_length(lengths: Sequence[int], max_items: int, max_tokens: int) -> list[int]:
+    """Indices sorted by length, ties in arrival order (after checking the caps and the lengths)."""
+    if max_items < 1 or max_tokens < 1:
+        raise ValueError("max_items and max_tokens must be >= 1")
+    if any(n < 1 for n in lengths):
+        raise ValueError("every item needs at least one token")
+    return sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
 
 
 def _make(indices: list[int], lengths: Sequence[int]) -> Pass:

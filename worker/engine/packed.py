@@ -211,14 +211,17 @@ def run_packed(
     rows: Sequence[Sequence[int]],
     pad_id: int,
     prefix,  # forward.PrefixKV | None
-    keep_kv: bool,
+    keep_cache: bool,
     mean_pool: bool,
     pool_from: int = 0,
     kernel: str = "torch",
     runner=None,  # graphs.GraphRunner | None
     on_device=None,  # called once the host-side tensors are built, before any device work (pass timing)
 ):
-    """Forward ``rows`` as one packed stream (after the shared prefix when given); returns ``forward.ForwardOut``."""
+    """Forward ``rows`` as one packed stream (after the shared prefix when given); returns ``forward.ForwardOut``.
+
+    The arguments mean what ``forward.run_forward``'s do; ``keep_cache`` keeps the rows' K/V
+    (``ForwardOut.packed``) for label continuations."""
     from worker.engine.forward import ForwardOut
 
     dev = model.device
@@ -232,11 +235,11 @@ def run_packed(
         on_device()
     hidden, kv = None, []
     if runner is not None:
-        got = runner.run(layout, ids, pos, cu, players, keep_kv, kernel)
+        got = runner.run(layout, ids, pos, cu, players, keep_cache, kernel)
         if got is not None:
             hidden, kv = got
     if hidden is None:
-        call = PackedCall(kernel=kernel, cu_q=cu.to(dev), max_q=layout.max_len, prefix=players, keep_kv=keep_kv)
+        call = PackedCall(kernel=kernel, cu_q=cu.to(dev), max_q=layout.max_len, prefix=players, keep_kv=keep_cache)
         hidden = call_decoder(model, ids.to(dev), pos.to(dev), call)
         kv = call.kv
     lens = torch.tensor(layout.lengths, dtype=torch.long)
@@ -256,7 +259,7 @@ def run_packed(
         cache=None,
         attention_mask=None,
         next_pos=(lens + past).to(dev),
-        packed=PackedState(layout, kv, players, kernel, lens + past) if keep_kv else None,
+        packed=PackedState(layout, kv, players, kernel, lens + past) if keep_cache else None,
     )
 
 

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine.compat import cache_kwarg
-from worker.engine.forward import ForwardOut, decoder
+from worker.engine.forward import ForwardOut, decoder, padded_rows
 from worker.engine.labels import LabelTokens
 
 
@@ -60,15 +60,8 @@ class PromptScorer:
         if fwd.packed is not None:
             return self._continuations_packed(model, fwd, seqs)
         m, b = len(seqs), fwd.h_last.shape[0]
-        width = max(len(s) - 1 for s in seqs)
-        inp = torch.zeros(m, width, dtype=torch.long)
-        tgt = torch.zeros(m, width, dtype=torch.long)
-        valid = torch.zeros(m, width, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            n = len(s) - 1
-            inp[r, :n] = torch.tensor(s[:-1])
-            tgt[r, :n] = torch.tensor(s[1:])
-            valid[r, :n] = 1
+        inp, tgt, valid = _continuation_rows(seqs)
+        width = inp.shape[1]
         # rows ordered (ticket i, label r): ticket-major
         rep = torch.arange(b, device=dev).repeat_interleave(m)
         cache = DynamicCache(
@@ -91,15 +84,17 @@ class PromptScorer:
 
         hidden = run_continuations(model, fwd.packed, [s[:-1] for s in seqs])  # [B, M, W, H]
         b, m, width = hidden.shape[:3]
-        tgt = torch.zeros(m, width, dtype=torch.long)
-        valid = torch.zeros(m, width)
-        for r, s in enumerate(seqs):
-            tgt[r, : len(s) - 1] = torch.tensor(s[1:])
-            valid[r, : len(s) - 1] = 1
+        _, tgt, valid = _continuation_rows(seqs)
         dev = hidden.device
         logits = model.get_output_embeddings()(hidden).float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.to(dev).expand(b, m, width).unsqueeze(-1)).squeeze(-1)
         return (logp * valid.to(dev)).sum(-1)
+
+
+def _continuation_rows(seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[M, W] inputs (label tokens but the last), targets (all but the first) and their mask, right-padded."""
+    inp, _, valid = padded_rows([s[:-1] for s in seqs], 0)
+    return inp, padded_rows([s[1:] for s in seqs], 0)[0], valid
 
 
 class HeadRequired:

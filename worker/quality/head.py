@@ -39,11 +39,22 @@ def prompt_hash(clf) -> str:
     """Identifies the token ids around every ticket: hidden states depend on them."""
     t = clf.template
     parts = [list(t.prefix_ids), list(t.tail_ids)] + ([["lead"] + list(t.lead_ids)] if t.lead_ids else [])
-    aux = getattr(clf, "aux_template", None) if getattr(clf, "encoder", None) is not None else None
-    if aux is not None:  # joined features: the encoder's framing too
+    if clf.aux_framing is not None:  # joined features: the encoder's framing too
+        aux = clf.aux_framing.template
         parts.append(["encoder"] + list(aux.lead_ids) + ["|"] + list(aux.tail_ids))
     blob = json.dumps(parts).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def head_meta(clf, source: str) -> dict:
+    """What a head fitted on ``clf``'s pooled states records about them (``Head.check`` compares it on load)."""
+    return {
+        "model": clf.model_name,
+        "prompt_hash": prompt_hash(clf),
+        "dtype": clf.dtype_name,
+        "source": source,
+        "head_prompt": clf.head_prompt,
+    }
 
 
 @dataclass
@@ -78,10 +89,9 @@ class Head:
             problems.append(f"model {self.meta.get('model')!r} != {clf.model_name!r}")
         if self.meta.get("prompt_hash") != prompt_hash(clf):
             problems.append("the prompt (instructions, label descriptions or few-shot examples) changed since fitting")
-        dim = feature_dim(clf)
-        if self.mean.shape[0] != dim:
-            problems.append(f"feature size {self.mean.shape[0]} != {dim}")
-        want, have = self.meta.get("head_prompt"), getattr(clf, "head_prompt", None)
+        if self.mean.shape[0] != clf.feature_dim:
+            problems.append(f"feature size {self.mean.shape[0]} != {clf.feature_dim}")
+        want, have = self.meta.get("head_prompt"), clf.head_prompt
         if want and have and want != have:
             problems.append(f"fitted under the {want!r} prompt, this classifier uses {have!r} (TRIAGE_HEAD_PROMPT)")
         if problems:
@@ -128,12 +138,6 @@ class Head:
             t = {k: f.get_tensor(k).astype(np.float64) for k in ("mean", "std", "weight", "bias")}
         labels = tuple(meta.pop("labels"))
         return cls(labels, meta.pop("pooling"), meta.pop("method"), t["mean"], t["std"], t["weight"], t["bias"], meta)
-
-
-def feature_dim(clf) -> int:
-    """Width of the pooled states ``clf``'s passes produce (joined: LM + encoder)."""
-    dim = getattr(clf, "feature_dim", None)
-    return int(dim) if dim is not None else int(clf.model.config.hidden_size)
 
 
 def normalize_blocks(z: np.ndarray, blocks: Sequence[int]) -> np.ndarray:

@@ -1,0 +1,77 @@
+"""Tickets -> token rows: how one backbone sees a ticket, and ``prepare`` (the CPU half of a pass).
+
+A ``Framing`` is one backbone's tokenizer, the ids its template puts around every ticket
+(``[CLS]`` / ``[SEP]`` for an encoder, the answer cue for a causal LM) and how many ticket
+tokens it takes. ``prepare`` tokenizes a window in one tokenizer call per backbone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from worker.engine.loader import LoadedModel
+from worker.engine.prompt import PromptTemplate
+from worker.engine.types import InvalidTicket, Prepared
+
+
+@dataclass(frozen=True)
+class Framing:
+    tokenizer: PreTrainedTokenizerBase
+    template: PromptTemplate
+    limit: int  # ticket tokens at most (the framing ids not counted)
+
+    @classmethod
+    def of(cls, loaded: LoadedModel, template: PromptTemplate, max_input_tokens: int) -> Framing:
+        """An encoder takes at most its position limit less the special tokens around the ticket."""
+        limit = max_input_tokens
+        if loaded.kind == "encoder":
+            specials = len(template.lead_ids) + len(template.tail_ids)
+            limit = max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
+        return cls(loaded.tokenizer, template, limit)
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
+        return self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    def frame(self, ids: Sequence[int]) -> tuple[int, ...]:
+        """The row of a ticket's ids: cut to ``limit``, framed by the template's lead and tail."""
+        return self.template.lead_ids + tuple(ids[: self.limit]) + self.template.tail_ids
+
+
+def prepare(
+    texts: Sequence[str], lm: Framing, truncate: bool, aux: Framing | None = None
+) -> list[Prepared | InvalidTicket]:
+    """Tokenize tickets in one tokenizer call per backbone; bad ones come back as ``InvalidTicket``.
+
+    A ticket over ``lm.limit`` tokens is cut, or refused when ``truncate`` is off. ``aux``: the
+    encoder of joined features, whose row is always cut to its own limit."""
+    out: list[Prepared | InvalidTicket] = [InvalidTicket("ticket text is empty")] * len(texts)
+    todo = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            out[i] = InvalidTicket(f"ticket text must be a string, got {type(t).__name__}")
+    if not todo:
+        return out
+    batch = [texts[i] for i in todo]
+    enc = lm.tokenize(batch)
+    aux_enc = aux.tokenize(batch) if aux is not None else None
+    limit = lm.limit
+    for k, (i, ids) in enumerate(zip(todo, enc)):
+        n = len(ids)
+        if n > limit and not truncate:
+            out[i] = InvalidTicket(f"ticket is {n} tokens, over the {limit}-token limit (truncation is off)")
+            continue
+        aux_ids, aux_cut = (), False
+        if aux is not None:
+            aux_ids, aux_cut = aux.frame(aux_enc[k]), len(aux_enc[k]) > aux.limit
+        out[i] = Prepared(
+            ids=lm.frame(ids), n_text_tokens=min(n, limit), truncated=n > limit or aux_cut, aux_ids=aux_ids
+        )
+    return out

@@ -1,0 +1,56 @@
+"""A pass queued on the device, with its clocks: what ``Classifier.launch_pass`` hands back."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+
+class LaunchedPass:
+    """A pass queued on the device, with its clocks.
+
+    ``host_ms``: host time spent launching it (token stream, Python, kernel launches or graph
+    replay). ``gpu_ms`` (CUDA only): device time from the pass's first device work (``mark``, after
+    the host-side preparation) to its scores landing in host memory, from CUDA events; device time
+    waiting for the host's launches inside that span counts, time before it does not.
+    ``wall_ms``: launch start until its scores are on the host.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.gpu_ms: float | None = None
+        self.host_ms = self.wall_ms = 0.0
+        self._marked = False
+        if self.cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._t0 = time.perf_counter()
+
+    def mark(self) -> None:
+        """The host has prepared the pass; its device work is queued from here on."""
+        if self.cuda and not self._marked:
+            self._start.record()
+        self._marked = True
+
+    def finish_launch(self, scores: torch.Tensor) -> LaunchedPass:
+        self.mark()  # a path that never called it: the span is then only the host copy
+        if self.cuda:
+            self._host = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True)
+            self._host.copy_(scores, non_blocking=True)
+            self._end.record()
+        else:
+            self._host = scores.cpu()
+        self.host_ms = (time.perf_counter() - self._t0) * 1000
+        self._done = not self.cuda
+        if self._done:
+            self.wall_ms = self.host_ms
+        return self
+
+    def result(self) -> np.ndarray:
+        if not self._done:
+            self._end.synchronize()
+            self.gpu_ms = self._start.elapsed_time(self._end)
+            self.wall_ms = (time.perf_counter() - self._t0) * 1000
+            self._done = True
+        return self._host.numpy()
