@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from worker.assemble import load
+    from worker.assemble import backbones
     from worker.quality import data, evaluation
     from worker.quality.fewshot import pick_examples
 
@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except (data.DataError, ValueError, OSError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
-    loaded = load(settings)
-    encoder = load(settings, settings.encoder) if settings.encoder else None
+    loaded, encoder = backbones(settings)
     cfg = evaluation.EvalConfig(
         variants=args.variants,
         k=args.k,

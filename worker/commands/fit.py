@@ -109,7 +109,7 @@ def _fit(args, settings, task, rows) -> None:
     from worker.quality import data
     from worker.quality.features import run_features
     from worker.quality.fewshot import pick_examples
-    from worker.quality.head import fit_head, prompt_hash
+    from worker.quality.head import fit_head, head_meta
 
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
@@ -119,13 +119,7 @@ def _fit(args, settings, task, rows) -> None:
     items = clf.prepare_valid([r.text for r in rows])
     feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
-    meta = {
-        "model": clf.model_name,
-        "prompt_hash": prompt_hash(clf),
-        "dtype": clf.dtype_name,
-        "source": str(args.input),
-        "head_prompt": clf.head_prompt,
-    }
+    meta = head_meta(clf, str(args.input))
     head = fit_head(
         feats.pooled(args.pooling),
         [r.label for r in rows],
