@@ -35,7 +35,12 @@ def main() -> int:
         "measures the CPU at start-up and can pick fp32 on a loaded machine",
     )
     ap.add_argument("--cache-dir", type=Path, default=Path("out/quality-cache/features"))
-    ap.add_argument("--no-prompt-table", action="store_true", help="skip the labels-vs-task head prompt table")
+    ap.add_argument(
+        "--tables",
+        default="main,prompt,every-row",
+        help="which tables: main (every method, the suites' training rows), prompt (labels vs task head prompt), "
+        "every-row (MiniLM heads on every training row CLINC150 and BANKING77 ship)",
+    )
     ap.add_argument("--no-tfidf", action="store_true", help="skip the TF-IDF floor (no scikit-learn needed)")
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--json", dest="json_out", type=Path, default=None)
@@ -43,7 +48,7 @@ def main() -> int:
 
     import torch
 
-    from worker.quality.compare import build_table, head_prompt_table
+    from worker.quality.compare import build_table, every_row_table, head_prompt_table
     from worker.settings import Settings
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -51,15 +56,22 @@ def main() -> int:
     head_prompt = args.head_prompt or settings.head_prompt
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     names = [s.strip() for s in args.suites.split(",") if s.strip()]
-    main_table = build_table(
-        settings, names, head_prompt=head_prompt, log=log, root=args.cache_dir, with_tfidf=not args.no_tfidf
-    )
-    out = ["## Accuracy (ECE) on held-out test rows", "", main_table.markdown()]
-    report = {"head_prompt": head_prompt, "dtype": args.dtype, "main": main_table.to_dict()}
-    if not args.no_prompt_table:
+    tables = {t.strip() for t in args.tables.split(",") if t.strip()}
+    out, report = [], {"head_prompt": head_prompt, "dtype": args.dtype}
+    if "main" in tables:
+        main_table = build_table(
+            settings, names, head_prompt=head_prompt, log=log, root=args.cache_dir, with_tfidf=not args.no_tfidf
+        )
+        out += ["## Accuracy (ECE) on held-out test rows", "", main_table.markdown()]
+        report["main"] = main_table.to_dict()
+    if "prompt" in tables:
         hp = head_prompt_table(settings, root=args.cache_dir, log=log)
         out += ["## Head prompt: labels-only vs the full task prompt (same rows for both)", "", hp.markdown()]
         report["head_prompt_table"] = hp.to_dict()
+    if "every-row" in tables:
+        er = every_row_table(settings, root=args.cache_dir, log=log, with_tfidf=not args.no_tfidf)
+        out += ["## Every training row (same test rows as the main table)", "", er.markdown()]
+        report["every_row_table"] = er.to_dict()
     text = "\n".join(out)
     print(text)
     if args.markdown:

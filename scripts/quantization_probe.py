@@ -81,7 +81,6 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from worker.engine.classifier import softmax
     from worker.quality import suites
     from worker.quality.compare import feature_store, score
     from worker.quality.head import fit_head
@@ -100,7 +99,7 @@ def main() -> int:
         for name, rows in suite.tests.items():
             te = store.get([r.text for r in rows], desc=f"{label}: {name}")
             feats.setdefault(name, []).append(te.mean)
-            cell = score(softmax(head.logits(te.mean)), suite.labels, [r.label for r in rows])
+            cell = score(head.probs(te.mean), suite.labels, [r.label for r in rows])
             row[name] = {"accuracy": cell.accuracy, "ece": cell.ece}
         out["models"][label] = row
     cos = {}

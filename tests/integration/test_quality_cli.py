@@ -232,3 +232,43 @@ def test_fit_refuses_unknown_labels_and_empty_requests(tiny_env, tmp_path, capsy
     assert main(["fit", "--input", str(data), "--out", str(tmp_path / "h.safetensors")]) == 2
     assert "labels the configured task does not know" in capsys.readouterr().err
     assert main(["fit", "--input", str(data)]) == 2
+
+
+def test_fit_fine_labels_gives_a_head_the_worker_runs_in_the_task_labels(tiny_env, tmp_path, capsys):
+    fine = {
+        "billing": ["refund", "invoice"],
+        "technical": ["crash", "error_page"],
+        "account": ["password"],
+        "shipping": ["lost_parcel"],
+    }
+    texts = {
+        "refund": ["refund my order please", "I want my money back"],
+        "invoice": ["the invoice VAT is wrong", "send me a copy of the invoice"],
+        "crash": ["the app crashes at start", "it crashed again"],
+        "error_page": ["error 500 on save", "I see an error page"],
+        "password": ["reset my password", "cannot log in"],
+        "lost_parcel": ["my parcel is lost", "package never arrived"],
+        "other": ["do you have jobs?", "great product"],  # unmapped: answers as itself
+    }
+    data = tmp_path / "fine.jsonl"
+    data.write_text("\n".join(json.dumps({"text": t, "label": lab}) for lab, ts in texts.items() for t in ts))
+    mapping = tmp_path / "map.json"
+    mapping.write_text(json.dumps(fine))
+    head_path = tmp_path / "fine.safetensors"
+    args = ["fit", "--input", str(data), "--label-map", str(mapping), "--out", str(head_path), "--no-progress"]
+    assert main([*args, "--fine-labels"]) == 0
+    assert "7 fine labels summed into 5" in capsys.readouterr().out
+    head = Head.load(head_path)
+    assert set(head.labels) == set(texts) and head.meta["groups"]["crash"] == "technical"
+    clf = build_classifier(Settings(head_path=head_path))
+    assert clf.scorer.kind == "head" and clf.scorer.names == clf.labels  # answers in the built-in task's labels
+    items = clf.prepare_valid([t for ts in texts.values() for t in ts] + ["a much longer ticket " * 10])
+    batched, _ = clf.classify(items)
+    reference = clf.reference(items)
+    assert [p.label for p in batched] == [p.label for p in reference]
+    assert all(set(p.scores) == set(clf.labels) and sum(p.scores.values()) == pytest.approx(1.0) for p in batched)
+    for a, b in zip(batched, reference):
+        assert a.scores == pytest.approx(b.scores, abs=1e-4)
+    # without a map there is nothing to sum into: one line, exit 2
+    assert main([*args[:3], "--out", str(head_path), "--fine-labels"]) == 2
+    assert "--fine-labels needs a label map" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from worker.assemble import ScoringConfigError, build_classifier
 from worker.engine.classifier import softmax
@@ -70,6 +71,35 @@ def test_fit_head_separates_gaussian_blobs_with_both_methods():
         assert np.allclose(probs.sum(1), 1.0)
     with pytest.raises(ValueError, match="no training examples"):
         fit_head(x, y, "abcd")
+
+
+def test_a_head_fitted_on_fine_labels_answers_in_coarse_ones_as_sums(tmp_path):
+    rng = np.random.default_rng(0)
+    fine = ["refund", "invoice", "crash", "oos"]  # four clusters, three answers
+    groups = {"refund": "billing", "invoice": "billing", "crash": "technical", "oos": "oos"}
+    centres = rng.normal(size=(4, 16)) * 4
+    x = np.concatenate([c + rng.normal(size=(15, 16)) for c in centres])
+    y = [lab for lab in fine for _ in range(15)]
+    test = np.concatenate([c + rng.normal(size=(3, 16)) for c in centres])
+    head = fit_head(x, y, fine, groups=groups, outputs=["oos", "technical", "billing"])
+    assert head.labels == tuple(fine) and head.outputs == ("oos", "technical", "billing")
+    fine_probs = softmax(head.logits(test))
+    probs = head.probs(test)
+    assert np.allclose(probs[:, 2], fine_probs[:, 0] + fine_probs[:, 1]) and np.allclose(probs.sum(1), 1.0)
+    assert [head.outputs[k] for k in probs.argmax(1)] == ["billing"] * 6 + ["technical"] * 3 + ["oos"] * 3
+    path = tmp_path / "grouped.safetensors"
+    head.save(path)
+    back = Head.load(path).reordered(["billing", "oos", "technical"])
+    assert np.allclose(back.probs(test), probs[:, [2, 0, 1]], atol=1e-5)
+    # the worker's scorer sums the same way (log-probabilities over the coarse labels, in its order)
+    scorer = HeadScorer(back)
+    fwd = type("Fwd", (), {"h_mean": torch.tensor(test, dtype=torch.float32), "h_last": None})()
+    assert scorer.names == ("billing", "oos", "technical")
+    assert np.allclose(scorer.scores(None, fwd).exp().numpy(), back.probs(test), atol=1e-4)
+    with pytest.raises(ValueError, match="without a coarse label"):
+        fit_head(x, y, fine, groups={k: v for k, v in groups.items() if k != "oos"})
+    with pytest.raises(ValueError, match="outside"):
+        fit_head(x, y, fine, groups=groups, outputs=["billing", "technical"])
 
 
 def test_head_file_is_safetensors_with_json_metadata_and_round_trips(fitted, clf):

@@ -123,3 +123,31 @@ def test_shipped_support_tickets_are_balanced_and_split():
     assert {r.label for r in train} == {r.label for r in test} == set(default_task().labels)
     assert len(train) >= 50 and len(test) >= 50
     assert not {r.text for r in train} & {r.text for r in test}
+
+
+def test_decide_writes_the_fallback_below_the_threshold_and_pick_threshold_uses_dev_rows():
+    from worker.engine.classifier import decide
+
+    probs = np.array([[0.9, 0.05, 0.05], [0.4, 0.35, 0.25], [0.2, 0.5, 0.3]])
+    assert decide(probs, LABELS, 0.0, "c") == ["a", "a", "b"]
+    assert decide(probs, LABELS, 0.45, "c") == ["a", "c", "b"]  # the fallback may be one of the labels (oos)
+    # a threshold only helps when the uncertain rows really are the fallback label; ties go to the lowest
+    t, acc = metrics.pick_threshold(probs, LABELS, ["a", "c", "b"], "c", grid=[0.0, 0.3, 0.45, 0.5, 0.9])
+    assert (t, acc) == (0.45, 1.0)
+    t, acc = metrics.pick_threshold(probs, LABELS, ["a", "a", "b"], "c", grid=[0.0, 0.45])
+    assert (t, acc) == (0.0, 1.0)
+
+
+def test_resolve_keeps_fine_rows_and_groups_beside_the_mapped_rows(tmp_path):
+    rows = tmp_path / "d.jsonl"
+    rows.write_text(
+        "\n".join(json.dumps({"text": t, "label": lab}) for t, lab in [("x", "refund"), ("y", "crash"), ("z", "oos")])
+    )
+    mapping = tmp_path / "map.json"
+    mapping.write_text(json.dumps({"billing": ["refund", "invoice"], "technical": ["crash"]}))
+    src = data.resolve(str(rows), mapping)
+    assert [r.label for r in src.rows] == ["billing", "technical", "oos"]
+    assert [r.label for r in src.fine_rows] == ["refund", "crash", "oos"]
+    assert src.groups() == {"refund": "billing", "crash": "technical", "oos": "oos"}  # unused fine labels left out
+    plain = data.resolve(str(rows))
+    assert plain.rows == plain.fine_rows and plain.groups() == {"refund": "refund", "crash": "crash", "oos": "oos"}

@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--split", default=None, help="only rows whose 'split' field equals this")
     p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to the labels")
+    p.add_argument(
+        "--fine-labels",
+        action="store_true",
+        help="fit on the labels before the map (e.g. CLINC150's 150 intents) and answer in the mapped ones, each "
+        "the sum of its fine labels' probabilities (needs --label-map or a named set with one: clinc150-domains)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the fitted head here (.safetensors)")
     p.add_argument("--method", choices=["logreg", "centroid"], default="logreg")
     p.add_argument("--pooling", choices=["mean", "last"], default="mean")
@@ -65,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from_args(args)
     try:
-        rows = data.resolve(args.input, args.label_map, args.split).rows
+        source = data.resolve(args.input, args.label_map, args.split)
+        rows = source.rows
+        if args.fine_labels and not source.label_map:
+            raise ValueError("--fine-labels needs a label map (--label-map, or a named set like clinc150-domains)")
         task = _task_for(task_from_settings(settings), rows, settings, args.examples_out is not None)
     except (data.DataError, ValueError, OSError) as e:
         print(f"fit: {e}", file=sys.stderr)
@@ -78,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             f"-> TRIAGE_TASK_FILE={args.examples_out}"
         )
     if args.out:
-        _fit(args, settings, task, rows)
+        _fit(args, settings, task, source)
     return 0
 
 
@@ -102,7 +111,7 @@ def _task_for(task, rows, settings, writing_task: bool):
     )
 
 
-def _fit(args, settings, task, rows) -> None:
+def _fit(args, settings, task, source) -> None:
     import time
 
     from worker.assemble import features_classifier
@@ -111,8 +120,12 @@ def _fit(args, settings, task, rows) -> None:
     from worker.quality.fewshot import pick_examples
     from worker.quality.head import fit_head, head_meta
 
+    rows = source.fine_rows if args.fine_labels else source.rows
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
+    labels, groups = task.labels, None
+    if args.fine_labels:  # the head's own labels are the fine ones; it answers in the task's
+        labels, groups = tuple(data.label_order(rows)), source.groups()
     # the states a head reads in the worker (TRIAGE_HEAD_PROMPT, TRIAGE_ENCODER)
     clf = features_classifier(settings, task=task)
     t0 = time.perf_counter()
@@ -123,12 +136,14 @@ def _fit(args, settings, task, rows) -> None:
     head = fit_head(
         feats.pooled(args.pooling),
         [r.label for r in rows],
-        task.labels,
+        labels,
         method=args.method,
         pooling=args.pooling,
         meta=meta,
         seed=args.seed,
         blocks=clf.feature_blocks,
+        groups=groups,
+        outputs=task.labels if groups else None,
     )
     head.save(args.out)
     fewest = min(head.meta["per_label"].values())
@@ -141,7 +156,8 @@ def _fit(args, settings, task, rows) -> None:
                 else ""
             )
         )
-    print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets ({secs:.0f} s forward) -> {args.out}")
+    fine = f", {len(labels)} fine labels summed into {len(task.labels)}" if groups else ""
+    print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets{fine} ({secs:.0f} s forward) -> {args.out}")
     env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
     print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")
 

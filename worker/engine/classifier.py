@@ -304,17 +304,11 @@ class Classifier:
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
         probs = softmax(log_scores - self.score_bias)
-        top = probs.argmax(axis=1)
-        unsure = (probs[np.arange(len(probs)), top] < self.options.confidence_threshold).tolist()
-        names, fallback = self.labels, self.options.fallback_label
+        names = self.labels
+        decided = decide(probs, names, self.options.confidence_threshold, self.options.fallback_label)
         return [
-            Prediction(
-                label=fallback if low else names[k],
-                scores=dict(zip(names, row)),
-                truncated=p.truncated,
-                n_tokens=p.n_text_tokens,
-            )
-            for row, k, low, p in zip(probs.tolist(), top.tolist(), unsure, items)
+            Prediction(label=label, scores=dict(zip(names, row)), truncated=p.truncated, n_tokens=p.n_text_tokens)
+            for row, label, p in zip(probs.tolist(), decided, items)
         ]
 
     # ---------------------------------------------------------------- run all
@@ -418,6 +412,14 @@ def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
         attention_mask=lm.attention_mask,
         next_pos=lm.next_pos,
     )
+
+
+def decide(probs: np.ndarray, names: Sequence[str], threshold: float, fallback: str) -> list[str]:
+    """The label written for each row: the most probable, or ``fallback`` when its probability is under
+    ``threshold`` (TRIAGE_CONFIDENCE_THRESHOLD / TRIAGE_FALLBACK_LABEL; eval picks thresholds with this too)."""
+    top = probs.argmax(axis=1)
+    low = probs[np.arange(len(probs)), top] < threshold
+    return [fallback if u else names[k] for k, u in zip(top.tolist(), low.tolist())]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

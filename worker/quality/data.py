@@ -12,7 +12,7 @@ import json
 import os
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.ticket_files import read_tickets
@@ -79,6 +79,12 @@ class Source:
     rows: list[Labelled]
     description: str
     label_map_path: Path | None  # the coarse-label map applied, if any (its fine labels describe the coarse ones)
+    fine_rows: list[Labelled] = field(default_factory=list)  # the same rows before the map (== rows without one)
+    label_map: dict[str, str] = field(default_factory=dict)  # fine -> coarse, as applied
+
+    def groups(self) -> dict[str, str]:
+        """Every fine label -> the coarse label it was mapped to (unmapped labels, like ``oos``, to themselves)."""
+        return {r.label: self.label_map.get(r.label, r.label) for r in self.fine_rows}
 
 
 def resolve(spec: str, label_map_path: str | Path | None = None, split: str | None = None) -> Source:
@@ -96,12 +102,13 @@ def resolve(spec: str, label_map_path: str | Path | None = None, split: str | No
         path = Path(spec)
     if not Path(path).is_file():
         raise DataError(f"no such file: {path}")
-    label_map = load_label_map(label_map_path) if label_map_path else None
-    rows = load_labelled(path, label_map=label_map, split=split)
+    label_map = load_label_map(label_map_path) if label_map_path else {}
+    fine = load_labelled(path, split=split)
+    rows = [Labelled(r.text, label_map.get(r.label, r.label)) for r in fine] if label_map else fine
     desc = (
         f"{path}" + (f" split={split}" if split else "") + (f" labels mapped by {label_map_path}" if label_map else "")
     )
-    return Source(rows, desc, Path(label_map_path) if label_map_path else None)
+    return Source(rows, desc, Path(label_map_path) if label_map_path else None, fine, label_map)
 
 
 def descriptions_from_label_map(path: str | Path, max_items: int = 8) -> dict[str, str]:

@@ -55,9 +55,8 @@ def model_file_hash(name: str, source: str) -> str | None:
 
 
 def _figures(head, x: np.ndarray, rows: list[Labelled]) -> dict:
-    from worker.engine.classifier import softmax
 
-    rep = metrics.evaluate_probs([r.label for r in rows], softmax(head.logits(x)), list(head.labels))
+    rep = metrics.evaluate_probs([r.label for r in rows], head.probs(x), list(head.labels))
     return {
         "n": len(rows),
         "accuracy": round(rep.accuracy, 4),

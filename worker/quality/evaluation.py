@@ -287,7 +287,7 @@ def _score_head_file(
         cfg.skipped.append(f"head file {path}: {e}")
         return []
     head = head.reordered(labels)
-    probs = softmax(head.logits(test_pass.pooled(head.pooling)))
+    probs = head.probs(test_pass.pooled(head.pooling))
     extra = {
         "method": "head",
         "variant": f"{head.method}/{head.pooling}",
@@ -324,7 +324,7 @@ def _fit_and_score(
                 tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed, blocks=cfg.blocks
             )
             fit_s = time.perf_counter() - t1
-            probs = softmax(head.logits(test_pass.pooled(pooling)))
+            probs = head.probs(test_pass.pooled(pooling))
             extra = {
                 "method": "head",
                 "variant": f"{method}/{pooling}",
@@ -359,7 +359,7 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                         seed=cfg.seed,
                         blocks=cfg.blocks,
                     )
-                    rep_ = metrics.evaluate_probs(gold, softmax(head.logits(test_pass.pooled(pooling))), labels)
+                    rep_ = metrics.evaluate_probs(gold, head.probs(test_pass.pooled(pooling)), labels)
                     acc.append(rep_.accuracy), f1.append(rep_.macro_f1), ece.append(rep_.ece)
                 rows.append(
                     {

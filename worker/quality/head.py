@@ -5,7 +5,10 @@ Features are standardized (mean/std of the training states: LM hidden states hav
 few huge outlier dimensions), L2-normalized to norm sqrt(H), then scored linearly:
 ``logits = W z + b``. Joined features (an LM's states next to an encoder's embedding)
 are normalized block by block (``blocks``: the width of each), each to norm
-sqrt(its width), so neither model's scale drowns the other's. Two fits produce that form:
+sqrt(its width), so neither model's scale drowns the other's. A head may be fitted on fine labels
+and answer in coarse ones (``groups``: fine -> coarse, e.g. CLINC150's 150 intents -> 10 domains):
+each coarse probability is the sum of its fine labels', so the head keeps the detail the fine
+labels carry while the worker writes the labels its task names. Two fits produce that form:
 
 * ``logreg``: multinomial logistic regression, L2 penalty picked by k-fold CV log-loss;
 * ``centroid``: cosine to each class mean, times a temperature fitted by leave-one-out log-loss.
@@ -69,6 +72,32 @@ class Head:
     meta: dict = field(default_factory=dict)  # model, prompt_hash, dtype, n_train, l2, ...
 
     @property
+    def outputs(self) -> tuple[str, ...]:
+        """The labels this head scores: its own, or the coarse labels its fine ones are summed into."""
+        if not self.meta.get("groups"):
+            return self.labels
+        return tuple(self.meta["outputs"])
+
+    def group_matrix(self) -> np.ndarray | None:
+        """[fine, coarse] 0/1 matrix (None for an ungrouped head): fine probabilities @ it = coarse ones."""
+        groups = self.meta.get("groups")
+        if not groups:
+            return None
+        outputs = self.outputs
+        m = np.zeros((len(self.labels), len(outputs)))
+        for i, lab in enumerate(self.labels):
+            m[i, outputs.index(groups[lab])] = 1.0
+        return m
+
+    def probs(self, x: np.ndarray) -> np.ndarray:
+        """Probabilities over ``outputs`` (what the worker scores with this head)."""
+        logits = self.logits(x)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        m = self.group_matrix()
+        return p if m is None else p @ m
+
+    @property
     def blocks(self) -> tuple[int, ...]:
         """Widths of the feature blocks normalized separately (one block: a single model's states)."""
         return tuple(self.meta.get("blocks") or (self.mean.shape[0],))
@@ -83,8 +112,8 @@ class Head:
     def check(self, clf) -> None:
         """Raise ``HeadMismatch`` unless ``clf`` runs the model, prompt and labels this head was fitted on."""
         problems = []
-        if set(self.labels) != set(clf.labels):
-            problems.append(f"labels {sorted(self.labels)} != task labels {sorted(clf.labels)}")
+        if set(self.outputs) != set(clf.labels):
+            problems.append(f"labels {sorted(self.outputs)} != task labels {sorted(clf.labels)}")
         if self.meta.get("model") != clf.model_name:
             problems.append(f"model {self.meta.get('model')!r} != {clf.model_name!r}")
         if self.meta.get("prompt_hash") != prompt_hash(clf):
@@ -100,6 +129,12 @@ class Head:
             )
 
     def reordered(self, labels: Sequence[str]) -> Head:
+        """The same head answering in the order of ``labels`` (a grouped head: the order of its coarse labels)."""
+        if self.meta.get("groups"):
+            if set(labels) != set(self.outputs):
+                raise ValueError(f"cannot reorder {sorted(self.outputs)} as {sorted(labels)}")
+            meta = dict(self.meta, outputs=list(labels))
+            return Head(self.labels, self.pooling, self.method, self.mean, self.std, self.weight, self.bias, meta)
         idx = [self.labels.index(lab) for lab in labels]
         return Head(
             tuple(labels),
@@ -167,10 +202,14 @@ def fit_head(
     meta: dict | None = None,
     seed: int = 0,
     blocks: Sequence[int] | None = None,
+    groups: dict[str, str] | None = None,
+    outputs: Sequence[str] | None = None,
 ) -> Head:
     """Fit on pooled states ``x`` [N, H] with string labels ``y``; every label needs >= 1 example.
 
     ``blocks``: widths of separately normalized feature blocks (joined features), default one block.
+    ``groups``: fine label -> coarse label for every one of ``labels`` (fine); the head then answers
+    in ``outputs`` (the coarse labels, in that order; default: first-seen order of ``groups``).
     """
     labels = tuple(labels)
     index = {lab: j for j, lab in enumerate(labels)}
@@ -184,6 +223,8 @@ def fit_head(
     meta = dict(meta or {})
     if blocks is not None and len(blocks) > 1:
         meta["blocks"] = [int(b) for b in blocks]
+    if groups:
+        meta.update(_group_meta(labels, groups, outputs))
     head = Head(labels, pooling, method, mu, sd, np.zeros((len(labels), x.shape[1])), np.zeros(len(labels)), meta)
     z = head.transform(x)
     if method == "centroid":
@@ -198,6 +239,20 @@ def fit_head(
         raise ValueError(f"unknown head method {method!r} (logreg or centroid)")
     head.meta.update(n_train=int(len(yi)), per_label={lab: int((yi == j).sum()) for lab, j in index.items()})
     return head
+
+
+def _group_meta(labels: Sequence[str], groups: dict[str, str], outputs: Sequence[str] | None) -> dict:
+    unmapped = [lab for lab in labels if lab not in groups]
+    if unmapped:
+        raise ValueError(f"fine labels without a coarse label: {unmapped[:10]}")
+    outputs = list(outputs) if outputs is not None else list(dict.fromkeys(groups[lab] for lab in labels))
+    empty = sorted(set(outputs) - {groups[lab] for lab in labels})
+    if empty or len(set(outputs)) != len(outputs):
+        raise ValueError(f"coarse labels without a fine label (or repeated): {empty or outputs}")
+    stray = sorted({groups[lab] for lab in labels} - set(outputs))
+    if stray:
+        raise ValueError(f"fine labels map to coarse labels outside {outputs}: {stray[:10]}")
+    return {"groups": {lab: groups[lab] for lab in labels}, "outputs": outputs}
 
 
 def _unit(a: np.ndarray) -> np.ndarray:
@@ -290,11 +345,13 @@ class HeadScorer:
     def __init__(self, head: Head, device: torch.device | str = "cpu", source: str | None = None):
         self.head = head
         self.source = source  # the head file, or "task examples" (fitted at start-up)
-        self.names = head.labels
+        self.names = head.outputs
         self.needs_mean = head.pooling == "mean"
         f32 = lambda a: torch.tensor(a, dtype=torch.float32, device=device)  # noqa: E731
         self._mu, self._sd = f32(head.mean), f32(head.std)
         self._w, self._b, self._blocks = f32(head.weight), f32(head.bias), list(head.blocks)
+        groups = head.group_matrix()
+        self._groups = None if groups is None else f32(groups)
 
     @torch.inference_mode()
     def scores(self, model, fwd) -> torch.Tensor:
@@ -304,4 +361,7 @@ class HeadScorer:
         z = torch.cat(
             [p * (float(np.sqrt(p.shape[1])) / p.norm(dim=1, keepdim=True).clamp(min=1e-12)) for p in parts], 1
         )
-        return torch.log_softmax(z @ self._w.T + self._b, dim=-1)
+        out = torch.log_softmax(z @ self._w.T + self._b, dim=-1)
+        if self._groups is None:
+            return out
+        return torch.log((out.exp() @ self._groups).clamp(min=1e-30))  # coarse = sum of its fine labels

@@ -138,3 +138,22 @@ def selective_accuracy(confidence: Sequence[float], correct: Sequence[bool], thr
             }
         )
     return out
+
+
+def pick_threshold(
+    probs: np.ndarray, labels: Sequence[str], gold: Sequence[str], fallback: str, grid: Sequence[float] | None = None
+) -> tuple[float, float]:
+    """The ``TRIAGE_CONFIDENCE_THRESHOLD`` with the best accuracy on development rows when ``fallback`` is one of
+    the labels (CLINC150's ``oos``: a query no label fits), and that accuracy; ties go to the lowest threshold.
+
+    Pick on development rows, report on test rows: the best threshold on the test rows would flatter the figure.
+    """
+    from worker.engine.classifier import decide
+
+    grid = np.round(np.arange(0.0, 0.951, 0.05), 2) if grid is None else grid
+    best = (-1.0, 0.0)
+    for t in grid:
+        acc = float(np.mean([p == g for p, g in zip(decide(probs, labels, float(t), fallback), gold)]))
+        if acc > best[0]:
+            best = (acc, float(t))
+    return best[1], best[0]
