@@ -36,8 +36,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF)
+from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF, ...)
     BUNDLED_GGUF,
+    ENCODER_TYPES,
     SOURCE_FILE,
     ModelNotFound,
     bundled_gguf_path,
@@ -47,28 +48,10 @@ from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, 
     content_key,
     converted_target,
     is_converted,
+    model_kind,
 )
 
 log = logging.getLogger("triage.loader")
-
-# Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
-ENCODER_TYPES = frozenset(
-    {
-        "bert",
-        "roberta",
-        "xlm-roberta",
-        "distilbert",
-        "mpnet",
-        "electra",
-        "deberta",
-        "deberta-v2",
-        "albert",
-        "camembert",
-        "modernbert",
-        "nomic_bert",
-        "new",
-    }
-)
 
 
 @dataclass
@@ -79,20 +62,6 @@ class LoadedModel:
     source: str  # where the weights actually came from
     kind: str = "decoder"  # "decoder" (causal LM) | "encoder" (bidirectional, BERT family)
     max_length: int | None = None  # most tokens one row may have, special tokens included (encoders)
-
-
-def model_kind(config) -> str:
-    """``encoder`` for a bidirectional BERT-family model, else ``decoder`` (a causal LM)."""
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelNotFound(
-            f"encoder-decoder models ({config.model_type}) are not supported: use a causal LM or an encoder"
-        )
-    if getattr(config, "is_decoder", False):
-        return "decoder"
-    archs = tuple(getattr(config, "architectures", None) or ())
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return "decoder"
-    return "encoder" if config.model_type in ENCODER_TYPES else "decoder"
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: Path) -> LoadedModel:
