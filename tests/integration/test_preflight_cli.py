@@ -117,3 +117,25 @@ def test_check_wants_a_causal_lm_beside_an_encoder(triage_env, tiny_bert_dir):
     code, errors, _ = _encoder_errors(env)
     assert code == 2 and len(errors) == 1 and errors[0].startswith("error: TRIAGE_MODEL: "), errors
     assert "is a BERT-family encoder, not a causal LM" in errors[0]
+
+
+# ----------------------------------------------------------------- eval / fit / verify
+def test_offline_commands_name_a_missing_model_in_one_line(triage_env, tiny_model_dir, tmp_path):
+    tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
+    runs = {
+        ("eval", "--model"): run_cli(triage_env, "eval", "--input", tickets, "--model", str(tmp_path / "no-such-dir")),
+        ("fit", "--model"): run_cli(
+            triage_env, "fit", "--input", tickets, "--out", str(tmp_path / "h.safetensors"), "--model", "/no/such/dir"
+        ),
+        ("verify", "TRIAGE_MODEL"): run_cli(
+            env_with(triage_env, TRIAGE_MODEL=tmp_path / "gone"), "verify", "--input", tickets
+        ),
+        ("verify", "--encoder"): run_cli(triage_env, "verify", "--input", tickets, "--encoder", str(tiny_model_dir)),
+    }
+    for (command, named), r in runs.items():
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (command, r.stderr)
+        assert lines[0].startswith(f"triage-worker {command}: {named}: "), (command, r.stderr)
+        assert "Traceback" not in r.stderr and not (tmp_path / "h.safetensors").exists()
+    assert "does not exist" in runs[("eval", "--model")].stderr
+    assert "not a BERT-family encoder" in runs[("verify", "--encoder")].stderr
