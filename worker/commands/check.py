@@ -1,8 +1,8 @@
 """Check the configuration without starting anything: TRIAGE_ variables (unknown names, with a
 did-you-mean), setting values, the task file, the Redis URL, Redis itself (reachable, password,
-stream key types) and where the model comes from; ``--model`` also loads it and classifies one
-ticket. Prints one line per problem on stderr (what is fine on stdout); exit 0 if all is well,
-2 otherwise. Runs in about a second without ``--model`` (no torch import).
+stream key types) and where the model and the encoder (TRIAGE_ENCODER) come from; ``--model`` also
+loads them and classifies one ticket. Prints one line per problem on stderr (what is fine on stdout);
+exit 0 if all is well, 2 otherwise. Runs in about a second without ``--model`` (no torch import).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
             ok.append(_task_line(settings))
         if not any(p.where == "TRIAGE_MODEL" for p in found):
             ok.append(f"model: {settings.model} found (not loaded{'' if args.model else '; --model loads it'})")
+        if settings.encoder and not any(p.where == "TRIAGE_ENCODER" for p in found):
+            ok.append(f"encoder: {settings.encoder} found, an encoder by its config (not loaded)")
         if not args.no_redis and not any(p.where == "TRIAGE_REDIS_URL" for p in problems):
             down = preflight.redis_problem(settings.redis_url)
             if down:

