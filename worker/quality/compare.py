@@ -279,11 +279,11 @@ def every_row_table(
             x_val = enc.get(_texts(val), desc=f"{spec} validation (MiniLM)").mean
             t, _ = metrics.pick_threshold(head.probs(x_val), labels, [r.label for r in val], "oos")
             probs = head.probs(x_te)
-            pred = decide(probs, labels, t, "oos")
-            conf = probs[np.arange(len(pred)), [labels.index(p) for p in pred]]
-            rep = metrics.evaluate(gold, pred, labels, conf)
-            note = f" [oos below {t:.2f}, picked on the {len(val):,} validation rows]"
-            cell = Cell(round(rep.accuracy, 4), round(rep.ece, 4), round(rep.macro_f1, 4), len(gold), note)
+            rep = metrics.evaluate(gold, decide(probs, labels, t, "oos"), labels)
+            # ECE: the head's probabilities (a row the threshold sends to oos has no probability of its own)
+            ece = metrics.evaluate_probs(gold, probs, labels).ece
+            note = f" [oos below {t:.2f}, picked on the {len(val):,} validation rows; ECE of the head's probabilities]"
+            cell = Cell(round(rep.accuracy, 4), round(ece, 4), round(rep.macro_f1, 4), len(gold), note)
             table.add(f"{name}, `oos` below a confidence threshold", col, cell)
         log(f"every row: {spec} done in {time.perf_counter() - t0:.0f} s (MiniLM computed {enc.computed})")
     return table
