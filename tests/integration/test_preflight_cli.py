@@ -139,3 +139,13 @@ def test_offline_commands_name_a_missing_model_in_one_line(triage_env, tiny_mode
         assert "Traceback" not in r.stderr and not (tmp_path / "h.safetensors").exists()
     assert "does not exist" in runs[("eval", "--model")].stderr
     assert "not a BERT-family encoder" in runs[("verify", "--encoder")].stderr
+
+
+def test_verify_names_a_scorer_the_model_cannot_run_in_one_line(triage_env, tiny_bert_dir):
+    tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
+    r = run_cli(
+        env_with(triage_env, TRIAGE_SCORER="prompt"), "verify", "--input", tickets, "--model", str(tiny_bert_dir)
+    )
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("triage-worker verify: TRIAGE_SCORER=prompt needs a causal LM's label tokens")
