@@ -219,7 +219,8 @@ def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_mo
     # 2. a start-up failure on the console renderer (what a terminal shows): traceback, never its locals
     broken = tmp_path / "broken-model"
     broken.mkdir()
-    (broken / "config.json").write_text("{not json")
+    # a config the preflight accepts (a causal LM) but no weights or tokenizer: the load itself fails
+    (broken / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
     for name, url in forms.items():
         env_c = {**env, "TRIAGE_REDIS_URL": url, "TRIAGE_LOG_FORMAT": "console", "TRIAGE_MODEL": str(broken)}
         r = _cli("worker", env_c, "run", "--drain")
