@@ -107,6 +107,12 @@ def head_cell(
 def tfidf_cell(train, test, labels) -> Cell:
     """Word 1-2-gram + character 2-5-gram TF-IDF + logistic regression, C by 3-fold CV: the floor a practitioner
     starts from."""
+    return score(tfidf_probs(train, labels)(_texts(test)), labels, [r.label for r in test])
+
+
+def tfidf_probs(train, labels, groups: dict[str, str] | None = None) -> Callable[[Sequence[str]], np.ndarray]:
+    """The floor fitted on ``train``: texts -> probabilities over ``labels``; with ``groups`` (fine -> label) it is
+    fitted on the fine labels of ``train`` and each label's probability is the sum of its fine labels'."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.pipeline import make_union
@@ -118,9 +124,10 @@ def tfidf_cell(train, test, labels) -> Cell:
     x = vec.fit_transform([r.text for r in train])
     clf = LogisticRegressionCV(Cs=[0.3, 1, 3, 10, 30, 100], cv=3, max_iter=3000, random_state=0)
     clf.fit(x, [r.label for r in train])
-    probs = clf.predict_proba(vec.transform([r.text for r in test]))
-    order = [list(clf.classes_).index(lab) for lab in labels]
-    return score(probs[:, order], labels, [r.label for r in test])
+    m = np.zeros((len(clf.classes_), len(labels)))
+    for i, c in enumerate(clf.classes_):
+        m[i, list(labels).index(groups[c] if groups else c)] = 1.0
+    return lambda texts: clf.predict_proba(vec.transform(list(texts))) @ m
 
 
 def _texts(rows) -> list[str]:
@@ -251,7 +258,6 @@ def every_row_table(
     CLINC150 also as fine labels (150 intents + ``oos``, summed per domain: ``fit --fine-labels``) and with the
     ``oos`` fallback below a confidence threshold picked on the validation split (``TRIAGE_CONFIDENCE_THRESHOLD``).
     """
-    from worker.engine.classifier import decide
     from worker.quality import data
 
     enc_settings = settings.model_copy(update={"model": ENCODER})
@@ -277,13 +283,24 @@ def every_row_table(
             table.add(name, col, score(head.probs(x_te), labels, gold))
             val = data.resolve(f"{spec}:val").rows
             x_val = enc.get(_texts(val), desc=f"{spec} validation (MiniLM)").mean
-            t, _ = metrics.pick_threshold(head.probs(x_val), labels, [r.label for r in val], "oos")
-            probs = head.probs(x_te)
-            rep = metrics.evaluate(gold, decide(probs, labels, t, "oos"), labels)
-            # ECE: the head's probabilities (a row the threshold sends to oos has no probability of its own)
-            ece = metrics.evaluate_probs(gold, probs, labels).ece
-            note = f" [oos below {t:.2f}, picked on the {len(val):,} validation rows; ECE of the head's probabilities]"
-            cell = Cell(round(rep.accuracy, 4), round(ece, 4), round(rep.macro_f1, 4), len(gold), note)
+            cell = _oos_threshold_cell(head.probs(x_val), [r.label for r in val], head.probs(x_te), labels, gold)
             table.add(f"{name}, `oos` below a confidence threshold", col, cell)
+            if with_tfidf:  # the floor under the same protocol
+                floor = tfidf_probs(src.fine_rows, labels, src.groups())
+                cell = _oos_threshold_cell(
+                    floor(_texts(val)), [r.label for r in val], floor(_texts(rows)), labels, gold
+                )
+                table.add(f"TF-IDF + logistic regression, {every}, fine labels, `oos` below a threshold", col, cell)
         log(f"every row: {spec} done in {time.perf_counter() - t0:.0f} s (MiniLM computed {enc.computed})")
     return table
+
+
+def _oos_threshold_cell(dev_probs, dev_gold, probs, labels, gold) -> Cell:
+    """``oos`` as the fallback below the confidence threshold that is best on the development rows."""
+    from worker.engine.classifier import decide
+
+    t, _ = metrics.pick_threshold(dev_probs, labels, dev_gold, "oos")
+    rep = metrics.evaluate(gold, decide(probs, labels, t, "oos"), labels)
+    ece = metrics.evaluate_probs(gold, probs, labels).ece  # a row sent to oos has no probability of its own
+    note = f" [oos below {t:.2f}, picked on {len(dev_gold):,} validation rows; ECE of the probabilities]"
+    return Cell(round(rep.accuracy, 4), round(ece, 4), round(rep.macro_f1, 4), len(gold), note)

@@ -123,15 +123,29 @@ def tally(client: redis.Redis, results_stream: str, dead_stream: str, expected: 
 
 
 # ---------------------------------------------------------------------- waiting
-def wait_until(pred: Callable[[], object], timeout_s: float, *, interval_s: float = 0.2, what: str = "condition"):
-    """Poll ``pred`` until it returns something truthy (returned); AssertionError after ``timeout_s``."""
+def wait_until(
+    pred: Callable[[], object],
+    timeout_s: float,
+    *,
+    interval_s: float = 0.2,
+    what: str = "condition",
+    explain: Callable[[], str] | None = None,
+):
+    """Poll ``pred`` until it returns something truthy (returned); AssertionError after ``timeout_s``, with what
+    ``explain`` says (the worker's last log lines, the group's state) so a rare hang can be read from CI."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = pred()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            detail = ""
+            if explain is not None:
+                try:
+                    detail = "\n" + explain()
+                except Exception as e:  # the explanation must not hide the timeout
+                    detail = f"\n(explain failed: {e!r})"
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{detail}")
         time.sleep(interval_s)
 
 

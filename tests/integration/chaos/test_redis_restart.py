@@ -63,6 +63,7 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
             timeout_s=sized(300, 1200),
             interval_s=0.5,
             what="every ticket done after the restarts",
+            explain=lambda: _state(server, env, w),
         )
         assert w.stop() == 0, w.stderr_tail()
 
@@ -88,3 +89,10 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
         duplicates=t.duplicates,
         lost=len(t.lost),
     )
+
+
+def _state(server: RedisServer, env: dict, w) -> str:
+    c = server.client()
+    stream = env["TRIAGE_INPUT_STREAM"]
+    groups = c.xinfo_groups(stream) if c.exists(stream) else "no input stream"
+    return f"input groups: {groups}\nworker log tail:\n{w.stderr_tail(60)}"
