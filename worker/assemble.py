@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, SecretStr
 
+from worker.engine.types import ConfigError
 from worker.settings import ENV_PREFIX, Settings, deprecated_env_in_use
 
 if TYPE_CHECKING:
@@ -61,8 +62,8 @@ AUTO_METHOD, AUTO_POOLING = "centroid", "mean"
 _warned: set[str] = set()
 
 
-class ScoringConfigError(ValueError):
-    pass
+class ScoringConfigError(ConfigError):
+    """TRIAGE_SCORER / TRIAGE_HEAD_PATH ask for something this model and task cannot do."""
 
 
 # ---------------------------------------------------------------------------- build

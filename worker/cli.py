@@ -57,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     install_excepthook()
     register_env_secrets()
     args = build_parser().parse_args(argv)
-    return int(args._run(args) or 0)
+    from worker.engine.types import ConfigError
+
+    try:
+        return int(args._run(args) or 0)
+    except ConfigError as e:  # settings that cannot work together: one line naming them, exit 2 (not a bug)
+        print(f"triage-worker {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

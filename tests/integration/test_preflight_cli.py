@@ -149,3 +149,8 @@ def test_verify_names_a_scorer_the_model_cannot_run_in_one_line(triage_env, tiny
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("triage-worker verify: TRIAGE_SCORER=prompt needs a causal LM's label tokens")
+    # the worker finds it only once the model is loaded: one config_invalid line in its log format, exit 2
+    r = run_cli(env_with(triage_env, TRIAGE_SCORER="prompt", TRIAGE_MODEL=tiny_bert_dir), "run", "--drain")
+    recs = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert recs[-1]["event"] == "config_invalid" and "needs a causal LM's label tokens" in recs[-1]["error"]

@@ -37,20 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker.assemble import ScoringConfigError, build_classifier
+    from worker.assemble import build_classifier
     from worker.engine.types import InvalidTicket
     from worker.engine.verify import verify
     from worker.progress import Progress
-    from worker.quality.head import HeadMismatch
     from worker.ticket_files import read_tickets
 
     settings = settings_from_args(args)
     rows = read_tickets(args.input, args.limit)
-    try:
-        clf = build_classifier(settings)
-    except (ScoringConfigError, HeadMismatch) as e:  # the settings, not a bug: say what to change
-        print(f"triage-worker verify: {e}", file=sys.stderr)
-        return 2
+    clf = build_classifier(settings)
     prepared = clf.prepare([str(r["text"]) for r in rows])
     keep = [i for i, p in enumerate(prepared) if not isinstance(p, InvalidTicket)]
     skipped = len(rows) - len(keep)

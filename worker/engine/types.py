@@ -14,6 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
+class ConfigError(ValueError):
+    """Settings that cannot work together (a scorer the model cannot run, a head fitted for another prompt):
+    the operator's to fix, so every command says it in one line and exits 2 instead of a traceback."""
+
+
 class InvalidTicket(ValueError):
     """A ticket the engine cannot classify; the message is a sentence for a person."""
 

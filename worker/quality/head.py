@@ -29,12 +29,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worker.engine.types import ConfigError
+
 FORMAT = "triage-head/1"
 DEFAULT_TEMPERATURE = 20.0  # cosine temperature when no class has two examples to fit it on
 L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
-class HeadMismatch(ValueError):
+class HeadMismatch(ConfigError):
     """The head was fitted for another model, prompt or label set."""
 
 
