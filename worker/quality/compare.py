@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.quality import metrics, suites
+from worker.quality import data, metrics, suites
 from worker.quality.features import FeatureStore
 from worker.quality.head import Head, fit_head
 
@@ -258,8 +258,6 @@ def every_row_table(
     CLINC150 also as fine labels (150 intents + ``oos``, summed per domain: ``fit --fine-labels``) and with the
     ``oos`` fallback below a confidence threshold picked on the validation split (``TRIAGE_CONFIDENCE_THRESHOLD``).
     """
-    from worker.quality import data
-
     enc_settings = settings.model_copy(update={"model": ENCODER})
     clinc, bank = suites.load("clinc150-domains"), suites.load("banking77")
     table = Table(list(clinc.tests) + list(bank.tests))

@@ -93,9 +93,9 @@ class Head:
 
     def probs(self, x: np.ndarray) -> np.ndarray:
         """Probabilities over ``outputs`` (what the worker scores with this head)."""
-        logits = self.logits(x)
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
+        from worker.engine.classifier import softmax
+
+        p = softmax(self.logits(x))
         m = self.group_matrix()
         return p if m is None else p @ m
 
