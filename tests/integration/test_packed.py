@@ -273,6 +273,18 @@ class HostTraffic(TorchDispatchMode):
         return out
 
 
+def _autocast_knows_meta() -> bool:
+    """transformers 5.0 opens ``torch.autocast("meta")`` in its rotary embedding, which torch refuses; 5.17 skips
+    autocast on meta. Only this meta-device check needs it, never a real device (CUDA runs it in stage 1 of gpu.sh)."""
+    import inspect
+
+    from transformers.utils import generic
+
+    fn = getattr(generic, "maybe_autocast", None)
+    return fn is None or '"meta"' in inspect.getsource(fn)
+
+
+@pytest.mark.skipif(not _autocast_knows_meta(), reason="this transformers opens autocast on the meta device")
 @pytest.mark.parametrize("with_prefix", [True, False])
 def test_packed_flash_forward_is_capture_safe(with_prefix):
     """The exact CUDA call path (flash kernel, LSE merge, the model's own layers) on the meta device.

@@ -103,6 +103,22 @@ def test_check_and_run_refuse_an_encoder_they_cannot_use(triage_env, tiny_model_
     assert recs[0]["setting"] == "TRIAGE_ENCODER" and "not a BERT-family encoder" in recs[0]["error"]
 
 
+def test_an_uncached_hub_encoder_is_refused_as_offline_only_when_the_user_set_it(triage_env, tmp_path):
+    """A local TRIAGE_MODEL used to turn the hub off for the process, so the encoder read "HF_HUB_OFFLINE=1 forbids"."""
+    env = env_with(triage_env, TRIAGE_ENCODER="triage-test-org/not-cached", HF_HUB_CACHE=tmp_path / "hf")
+    online = {k: v for k, v in env.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    online["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there
+    for user_env, words in (
+        (online, "cannot be reached"),
+        (dict(online, HF_HUB_OFFLINE="1"), "HF_HUB_OFFLINE=1 forbids"),
+    ):
+        code, errors, _ = _encoder_errors(user_env)
+        assert code == 2 and len(errors) == 1 and errors[0].startswith("error: TRIAGE_ENCODER: "), errors
+        assert words in errors[0], errors
+    r = run_cli(online, "verify", "--input", str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl"))
+    assert r.returncode == 2 and "cannot be reached" in r.stderr and "forbids" not in r.stderr, r.stderr
+
+
 def test_check_accepts_a_real_encoder(triage_env, tiny_bert_dir):
     code, errors, out = _encoder_errors(env_with(triage_env, TRIAGE_ENCODER=tiny_bert_dir))
     assert code == 0 and not errors and f"encoder: {tiny_bert_dir} found" in out, (errors, out)

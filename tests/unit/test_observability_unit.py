@@ -194,3 +194,16 @@ def test_render_shows_phase_and_pass_age_when_the_heartbeat_has_them():
     text = render(snap, "redis://r:6379/0")
     assert "inferring 3.0s (pass 2.0s)" in text and "gpu-1-42" in text and "bundled:smollm2" in text
     assert "backlog 800  pending 64" in text and "p99 1.5 s" in text and "(bad_meta 1)" in text
+
+
+def test_worker_row_counts_windows_from_new_and_old_heartbeats():
+    """The heartbeat's window counter is ``windows``; a worker from before the rename wrote ``batches``."""
+    from worker.stream.health import Status
+
+    status = Status()
+    status.add(windows=3, items=90)
+    beat = {"beat_at_ms": NOW, **status.snapshot()}
+    assert beat["windows"] == 3 and beat["batches"] == 3  # the old name stays readable for existing probes
+    assert _worker("new", beat, None, 0, NOW, claim_idle_ms=60_000)["windows"] == 3
+    old = {"beat_at_ms": NOW, "batches": 7, "items": 9}
+    assert _worker("old", old, None, 0, NOW, claim_idle_ms=60_000)["windows"] == 7

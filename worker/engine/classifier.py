@@ -2,8 +2,8 @@
 
 Split like infinity's models: ``prepare`` (tokenize, CPU: ``framing``), ``run_pass``
 (forward, device; ``launch`` holds a queued pass and its clocks), ``postprocess``
-(softmax, threshold). The worker overlaps ``prepare`` of the next window with
-``classify`` of the current one.
+(softmax, threshold, a pass's cost: ``results``, no torch). The worker overlaps
+``prepare`` of the next window with ``classify`` of the current one.
 
 Everything a classifier does is fixed when it is built (``EngineOptions``,
 scorer, score bias); ``with_scoring`` gives a new one on the same loaded model.
@@ -11,8 +11,8 @@ Assembly from the process settings lives in ``worker.assemble``.
 
 Backbones: a causal LM (prompt prefix + prefix KV cache; label tokens or a head), a
 bidirectional encoder (``[CLS] ticket [SEP]``, no prefix; a head), or both joined
-(``encoder=``: the LM and the encoder run on the same passes and a head reads the LM's
-pooled states with the encoder's embedding appended).
+(``encoder=``, see ``joined``: the LM and the encoder run on the same passes and a head
+reads the LM's pooled states with the encoder's embedding appended).
 """
 
 from __future__ import annotations
@@ -32,14 +32,19 @@ from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
 from worker.engine.framing import Framing, prepare
+from worker.engine.joined import backbone_name as backbone_name
+from worker.engine.joined import check_pair, join_encoder
 from worker.engine.labels import LabelTokens
 from worker.engine.launch import LaunchedPass
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate, build_template, encoder_template
+from worker.engine.results import PassOutput, in_input_order, pass_cost, predictions, softmax
+from worker.engine.results import decide as decide
 from worker.engine.scoring import HeadRequired, PromptScorer, Scorer
 from worker.engine.task import Task
 
-# Re-exported: the types used to live here and callers outside the engine may import them from here.
+# Re-exported (with softmax, decide, backbone_name): these used to live here and callers outside the
+# engine may import them from here.
 from worker.engine.types import EngineOptions, InvalidTicket, PassStats, Prediction, Prepared, RunStats
 
 log = logging.getLogger("triage.engine")
@@ -70,8 +75,7 @@ class Classifier:
         head_prompt: str = "task",
         **option_changes,
     ):
-        if encoder is not None and (loaded.kind != "decoder" or encoder.kind != "encoder"):
-            raise ValueError(f"joined features need a causal LM plus an encoder, got {loaded.kind} + {encoder.kind}")
+        check_pair(loaded, encoder)
         if head_prompt not in ("task", "labels"):
             raise ValueError(f"head_prompt must be 'task' or 'labels', got {head_prompt!r}")
         self.loaded = loaded
@@ -288,8 +292,7 @@ class Classifier:
         """Joined features: the encoder on the same tickets (padded to its own longest), its states appended."""
         if self.encoder is None:
             return fwd
-        with sdpa_context(self.encoder.model.device):
-            return _joined(fwd, run_encoder(self.encoder.model, [p.aux_ids for p in items], self.aux_framing.pad_id))
+        return join_encoder(fwd, self.encoder, self.aux_framing.pad_id, items)
 
     def _graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
@@ -303,13 +306,9 @@ class Classifier:
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, log_scores: np.ndarray, items: Sequence[Prepared]) -> list[Prediction]:
-        probs = softmax(log_scores - self.score_bias)
-        names = self.labels
-        decided = decide(probs, names, self.options.confidence_threshold, self.options.fallback_label)
-        return [
-            Prediction(label=label, scores=dict(zip(names, row)), truncated=p.truncated, n_tokens=p.n_text_tokens)
-            for row, label, p in zip(probs.tolist(), decided, items)
-        ]
+        """[B, J] log-scores -> predictions: the score bias subtracted, then softmax and threshold."""
+        o = self.options
+        return predictions(log_scores - self.score_bias, items, self.labels, o.confidence_threshold, o.fallback_label)
 
     # ---------------------------------------------------------------- run all
     def classify_passes(
@@ -320,7 +319,7 @@ class Classifier:
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
         attention: str | None = None,
-    ) -> Iterator[tuple[tuple[int, ...], list[Prediction], PassStats]]:
+    ) -> Iterator[PassOutput]:
         """Classify in length buckets (or the given ``passes``), yielding after every forward call.
 
         Yields ``(indices into items, their predictions, what the pass cost)``; a caller
@@ -352,41 +351,23 @@ class Classifier:
 
     def _complete(
         self, b: bucketing.Pass, chunk, launched: LaunchedPass, cached: bool, attention: str, pad_to: int | None
-    ):
+    ) -> PassOutput:
         log_scores = launched.result()
         t0 = time.perf_counter()
         preds = self.postprocess(log_scores, chunk)
-        stats = PassStats(
-            items=b.size,
-            real_tokens=b.real_tokens,
-            padded_tokens=b.real_tokens if attention == "packed" else b.size * max(b.max_len, pad_to or 0),
-            prefix_tokens_reused=self.prefix_length * b.size if cached else 0,
-            infer_ms=launched.wall_ms,
-            gpu_ms=launched.gpu_ms,
-            host_ms=launched.host_ms + (time.perf_counter() - t0) * 1000,
+        post_ms = (time.perf_counter() - t0) * 1000
+        prefix_tokens = self.prefix_length if cached else 0
+        stats = pass_cost(
+            b, launched, post_ms, packed=attention == "packed", pad_to=pad_to, prefix_tokens=prefix_tokens
         )
         return b.indices, preds, stats
 
     def classify(
-        self,
-        items: Sequence[Prepared],
-        passes: Sequence[bucketing.Pass] | None = None,
-        *,
-        prefix_cache: bool | None = None,
-        pad_to: int | None = None,
-        attention: str | None = None,
+        self, items: Sequence[Prepared], passes: Sequence[bucketing.Pass] | None = None, **run
     ) -> tuple[list[Prediction], RunStats]:
-        """All of ``classify_passes``: predictions in input order, and the passes' stats added up."""
-        preds: list[Prediction | None] = [None] * len(items)
-        stats = RunStats()
-        for indices, chunk, pass_stats in self.classify_passes(
-            items, passes, prefix_cache=prefix_cache, pad_to=pad_to, attention=attention
-        ):
-            for i, p in zip(indices, chunk):
-                preds[i] = p
-            stats.add(pass_stats)
-        stats.items = len(items)
-        return preds, stats  # type: ignore[return-value]
+        """All of ``classify_passes``, with its arguments (``run``: ``prefix_cache``, ``pad_to``, ``attention``):
+        predictions in input order, and the passes' stats added up."""
+        return in_input_order(self.classify_passes(items, passes, **run), len(items))
 
     def reference(self, items: Sequence[Prepared]) -> list[Prediction]:
         """Each ticket alone: no padding, no prefix cache, the model's own attention (padded path).
@@ -396,33 +377,3 @@ class Classifier:
 
     def classify_texts(self, texts: Sequence[str]) -> list[Prediction]:
         return self.classify(self.prepare_valid(texts))[0]
-
-
-def backbone_name(loaded: LoadedModel, encoder: LoadedModel | None = None) -> str:
-    """The model name results, logs and heads carry: the model's, then ``+`` the joined encoder's."""
-    return loaded.name + (f"+{encoder.name}" if encoder is not None else "")
-
-
-def _joined(lm: ForwardOut, enc: ForwardOut) -> ForwardOut:
-    """The LM's pooled states with the encoder's appended (float32); the LM's cache and positions kept."""
-    return ForwardOut(
-        h_last=torch.cat([lm.h_last.float(), enc.h_last.float()], dim=1),
-        h_mean=torch.cat([lm.h_mean.float(), enc.h_mean.float()], dim=1) if lm.h_mean is not None else None,
-        cache=lm.cache,
-        attention_mask=lm.attention_mask,
-        next_pos=lm.next_pos,
-    )
-
-
-def decide(probs: np.ndarray, names: Sequence[str], threshold: float, fallback: str) -> list[str]:
-    """The label written for each row: the most probable, or ``fallback`` when its probability is under
-    ``threshold`` (TRIAGE_CONFIDENCE_THRESHOLD / TRIAGE_FALLBACK_LABEL; eval picks thresholds with this too)."""
-    top = probs.argmax(axis=1)
-    low = probs[np.arange(len(probs)), top] < threshold
-    return [fallback if u else names[k] for k, u in zip(top.tolist(), low.tolist())]
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)

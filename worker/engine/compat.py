@@ -1,4 +1,5 @@
-"""transformers 5.x differences the engine must bridge (5.17 on the GPU box, 5.24 here).
+"""transformers 5.x differences the engine must bridge: 5.0 (the declared floor, ``make test-lower``), 5.17 (the
+GPU box) and 5.24 (here).
 
 5.24 renamed the decoder's ``past_key_values`` argument and output field to ``cache``
 (the old keyword is still accepted there); 5.17 knows only ``past_key_values``, and an

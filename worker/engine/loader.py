@@ -98,8 +98,9 @@ def encoder_max_length(source: str, config) -> int:
 def resolve_source(name: str, cache_dir: Path) -> str:
     """A directory or hub id that ``from_pretrained`` can load without GGUF conversion.
 
-    Fails fast (ModelNotFound) on a hub id that is neither cached nor reachable, and turns
-    hub calls off when the model is local or cached (see sources.check_model_available)."""
+    Fails fast (ModelNotFound) on a hub id that is neither cached nor reachable. Hub calls stay as they are:
+    ``assemble.load`` turns them off once every model of the settings is local or cached
+    (sources.go_offline_if_local)."""
     kind = check_model_available(name)
     if kind == "bundled-zip":
         return str(unzipped_dir(classify_model_name(name)[1], cache_dir))

@@ -131,24 +131,36 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def go_offline() -> None:
-    """No hub calls from here on (the model is local or cached): transformers would otherwise retry an
-    unreachable hub for about a minute before using the cache."""
+    """No hub calls from here on (every model is local or cached): transformers would otherwise retry an
+    unreachable hub for about a minute before using the cache. Call it through ``go_offline_if_local``."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None:  # already imported: its flag was read at import time
         constants.HF_HUB_OFFLINE = True
 
 
+def go_offline_if_local(*names: str | None) -> bool:
+    """``go_offline`` when every model the process will load (``names``, the model and its encoder; None skipped)
+    is local or cached; True if it did. Decided over all of them at once: offline after the first model would
+    refuse the download of the next (and read as if the user had set HF_HUB_OFFLINE=1)."""
+    try:
+        if all(classify_model_name(n)[0] != "hub" or hub_model_cached(n) for n in names if n):
+            go_offline()
+            return True
+    except ModelNotFound:
+        pass  # check_model_available reports it
+    return False
+
+
 def check_model_available(name: str, *, probe_hub: bool = True, var: str = "TRIAGE_MODEL") -> str:
-    """Fail fast (ModelNotFound, one sentence) if ``name`` cannot be loaded; go offline when no hub call is needed.
+    """Fail fast (ModelNotFound, one sentence) if ``name`` cannot be loaded; changes nothing (``go_offline_if_local``
+    turns hub calls off).
 
     Returns the kind ("bundled", "gguf", "dir", "hub-cached", "hub"). ``var``: the setting or flag that named it."""
     kind, _path = classify_model_name(name, var)
     if kind != "hub":
-        go_offline()
         return kind
     if hub_model_cached(name):
-        go_offline()
         return "hub-cached"
     if hub_offline():
         raise ModelNotFound(

@@ -161,7 +161,7 @@ def _worker(name: str, beat: dict | None, xinfo: dict | None, done: int, now_ms:
         "pending": pending,
         "idle_s": None if idle_ms is None else round(idle_ms / 1000.0, 1),
         "done_in_window": done,
-        "batches": beat.get("batches"),
+        "windows": beat.get("windows", beat.get("batches")),  # heartbeats of workers before the rename
         "items": beat.get("items"),
         "dead_lettered": beat.get("dead_lettered"),
     }

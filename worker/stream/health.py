@@ -35,7 +35,7 @@ class Status:
         self.phase = "starting"
         self.phase_since_ms = now_ms()
         self.pass_started_at_ms: int | None = None
-        self.counters: dict[str, int] = {"batches": 0, "items": 0, "dead_lettered": 0}
+        self.counters: dict[str, int] = {"windows": 0, "items": 0, "dead_lettered": 0}
 
     def set_phase(self, phase: str) -> None:
         assert phase in PHASES, phase
@@ -66,12 +66,14 @@ class Status:
                 self.counters[k] = self.counters.get(k, 0) + v
 
     def snapshot(self) -> dict:
+        """Phase and counters; ``batches`` repeats ``windows`` for probes written before the rename."""
         with self._lock:
             return {
                 "phase": self.phase,
                 "phase_since_ms": self.phase_since_ms,
                 "pass_started_at_ms": self.pass_started_at_ms,
                 **self.counters,
+                "batches": self.counters["windows"],
             }
 
 

@@ -242,7 +242,7 @@ class _Loop:
             self._drop(job.window)
             return
         m = job.metrics
-        self.status.add(batches=1, items=m.items, dead_lettered=m.dead_lettered)
+        self.status.add(windows=1, items=m.items, dead_lettered=m.dead_lettered)
         with self._summary_lock:
             self.summary.add(m)
         self.log.info("window", **m.line())

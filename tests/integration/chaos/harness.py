@@ -130,14 +130,21 @@ def wait_until(
     interval_s: float = 0.2,
     what: str = "condition",
     explain: Callable[[], str] | None = None,
+    alive: Iterable = (),
 ):
     """Poll ``pred`` until it returns something truthy (returned); AssertionError after ``timeout_s``, with what
-    ``explain`` says (the worker's last log lines, the group's state) so a rare hang can be read from CI."""
+    ``explain`` says (the worker's last log lines, the group's state) so a rare hang can be read from CI.
+
+    ``alive``: workers (WorkerProc) that must keep running meanwhile; one that exits fails the wait at once, with
+    its exit code and last log lines, instead of a timeout that cannot tell a dead worker from a stuck one."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = pred()
         if got:
             return got
+        for w in alive:
+            if w.returncode is not None:
+                raise AssertionError(f"worker exited ({w.returncode}) while waiting for {what}:\n{w.stderr_tail(60)}")
         if time.monotonic() > deadline:
             detail = ""
             if explain is not None:

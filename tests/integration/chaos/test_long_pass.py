@@ -75,7 +75,7 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_mode
     assert all(
         isinstance(s.get("pass_started_at_ms"), int) and s["phase_since_ms"] <= s["beat_at_ms"] for s in inferring
     )
-    assert all(k in samples[-1] for k in ("batches", "items", "dead_lettered"))
+    assert all(k in samples[-1] for k in ("windows", "items", "dead_lettered"))
     claimed = [e for w in (a, b) for e in w.events("entries_claimed")]
     assert claimed == [], f"a live worker's entries were reclaimed: {claimed}"
     assert not a.events("entries_not_ours_anymore") and not b.events("entries_not_ours_anymore")

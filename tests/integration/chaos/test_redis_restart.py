@@ -51,7 +51,10 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
         for k in range(outages):
             at = n * (k + 1) // (outages + 2)
             wait_until(
-                lambda at=at: count_done(server.client(), results, dead) >= at, timeout_s=300, what=f"{at} results"
+                lambda at=at: count_done(server.client(), results, dead) >= at,
+                timeout_s=300,
+                what=f"{at} results",
+                alive=[w],
             )
             t0 = time.monotonic()
             server.crash()
@@ -64,6 +67,7 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
             interval_s=0.5,
             what="every ticket done after the restarts",
             explain=lambda: _state(server, env, w),
+            alive=[w],
         )
         assert w.stop() == 0, w.stderr_tail()
 
@@ -95,4 +99,10 @@ def _state(server: RedisServer, env: dict, w) -> str:
     c = server.client()
     stream = env["TRIAGE_INPUT_STREAM"]
     groups = c.xinfo_groups(stream) if c.exists(stream) else "no input stream"
-    return f"input groups: {groups}\nworker log tail:\n{w.stderr_tail(60)}"
+    pending = c.xpending(stream, env.get("TRIAGE_GROUP", "triage")) if groups != "no input stream" else None
+    done = count_done(c, env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"])
+    return (
+        f"done: {done}\ninput groups: {groups}\npending: {pending}\n"
+        f"heartbeats: {[c.get(k) for k in c.keys(env['TRIAGE_HEARTBEAT_KEY_PREFIX'] + '*')]}\n"
+        f"worker log tail:\n{w.stderr_tail(60)}"
+    )
