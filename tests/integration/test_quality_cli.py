@@ -234,26 +234,35 @@ def test_fit_refuses_unknown_labels_and_empty_requests(tiny_env, tmp_path, capsy
     assert main(["fit", "--input", str(data)]) == 2
 
 
-def test_fit_fine_labels_gives_a_head_the_worker_runs_in_the_task_labels(tiny_env, tmp_path, capsys):
-    fine = {
-        "billing": ["refund", "invoice"],
-        "technical": ["crash", "error_page"],
-        "account": ["password"],
-        "shipping": ["lost_parcel"],
-    }
-    texts = {
-        "refund": ["refund my order please", "I want my money back"],
-        "invoice": ["the invoice VAT is wrong", "send me a copy of the invoice"],
-        "crash": ["the app crashes at start", "it crashed again"],
-        "error_page": ["error 500 on save", "I see an error page"],
-        "password": ["reset my password", "cannot log in"],
-        "lost_parcel": ["my parcel is lost", "package never arrived"],
-        "other": ["do you have jobs?", "great product"],  # unmapped: answers as itself
-    }
+FINE_MAP = {
+    "billing": ["refund", "invoice"],
+    "technical": ["crash", "error_page"],
+    "account": ["password"],
+    "shipping": ["lost_parcel"],
+}
+FINE_TEXTS = {
+    "refund": ["refund my order please", "I want my money back"],
+    "invoice": ["the invoice VAT is wrong", "send me a copy of the invoice"],
+    "crash": ["the app crashes at start", "it crashed again"],
+    "error_page": ["error 500 on save", "I see an error page"],
+    "password": ["reset my password", "cannot log in"],
+    "lost_parcel": ["my parcel is lost", "package never arrived"],
+    "other": ["do you have jobs?", "great product"],  # unmapped: answers as itself
+}
+
+
+def _fine_files(tmp_path: Path) -> tuple[Path, Path]:
+    """7 fine labels in a labelled file, and a map folding them into the built-in task's 5 labels."""
     data = tmp_path / "fine.jsonl"
-    data.write_text("\n".join(json.dumps({"text": t, "label": lab}) for lab, ts in texts.items() for t in ts))
+    data.write_text("\n".join(json.dumps({"text": t, "label": lab}) for lab, ts in FINE_TEXTS.items() for t in ts))
     mapping = tmp_path / "map.json"
-    mapping.write_text(json.dumps(fine))
+    mapping.write_text(json.dumps(FINE_MAP))
+    return data, mapping
+
+
+def test_fit_fine_labels_gives_a_head_the_worker_runs_in_the_task_labels(tiny_env, tmp_path, capsys):
+    texts = FINE_TEXTS
+    data, mapping = _fine_files(tmp_path)
     head_path = tmp_path / "fine.safetensors"
     args = ["fit", "--input", str(data), "--label-map", str(mapping), "--out", str(head_path), "--no-progress"]
     assert main([*args, "--fine-labels"]) == 0
@@ -272,3 +281,34 @@ def test_fit_fine_labels_gives_a_head_the_worker_runs_in_the_task_labels(tiny_en
     # without a map there is nothing to sum into: one line, exit 2
     assert main([*args[:3], "--out", str(head_path), "--fine-labels"]) == 2
     assert "--fine-labels needs a label map" in capsys.readouterr().err
+
+
+def test_eval_fine_labels_fits_the_head_as_fit_does_and_scores_it_in_the_mapped_labels(tiny_env, tmp_path, capsys):
+    data, mapping = _fine_files(tmp_path)
+    head_path, out, md = tmp_path / "fine.safetensors", tmp_path / "eval.json", tmp_path / "eval.md"
+    fit = ["fit", "--input", str(data), "--label-map", str(mapping), "--fine-labels", "--out", str(head_path)]
+    assert main([*fit, "--no-progress"]) == 0
+    capsys.readouterr()
+    args = ["eval", "--input", str(data), "--train", str(data), "--label-map", str(mapping), "--no-progress"]
+    args += ["--variants", "head", "--pooling", "mean", "--head-shots", "1", "--curve-repeats", "1"]
+    rc = main([*args, "--fine-labels", "--head", str(head_path), "--json", str(out), "--markdown", str(md)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    coarse = {"billing", "technical", "account", "shipping", "other"}
+    assert report["fine_labels"] == {"fine": 7, "summed_into": 5} and set(report["labels"]) == coarse
+    rows = {m["name"]: m for m in report["methods"]}
+    fitted = rows["head on 7 fine labels logreg/mean"]
+    assert "head on 7 fine labels centroid/mean" in rows and fitted["fine_labels"] == 7
+    for m in rows.values():  # every score is over the mapped labels, one row per test ticket
+        assert set(m["per_label"]) == coarse and sum(map(sum, m["confusion"])) == sum(map(len, FINE_TEXTS.values()))
+    # the same head `fit --fine-labels` writes: the same scores as that file's
+    from_file = rows["head file logreg/mean"]
+    assert fitted["accuracy"] == from_file["accuracy"] and fitted["ece"] == pytest.approx(from_file["ece"], abs=1e-4)
+    assert report["learning_curve"][0]["per_label"] == 1  # one ticket per fine label: every fine label present
+    stdout = capsys.readouterr().out
+    assert "heads fitted on 7 fine labels summed into 5" in stdout and "1/fine label" in stdout
+    assert "7 fine labels summed into 5" in md.read_text()
+    # without a map there is nothing to sum into: one line, exit 2 (as fit), before any model is loaded
+    assert main(["eval", "--input", str(data), "--train", str(data), "--fine-labels"]) == 2
+    err = capsys.readouterr().err
+    assert err == "eval: --fine-labels needs a label map (--label-map, or a named set like clinc150-domains)\n"

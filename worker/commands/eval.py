@@ -4,8 +4,9 @@ calibration (ECE), coverage at confidence thresholds, and a confusion-matrix PNG
 Compares in one run: prompt variants (zero-shot, label descriptions, few-shot k per label,
 the task as configured), each raw and with contextual / prior calibration, and -- when
 --train is given -- a scorer head (logistic regression / nearest centroid, mean / last-token
-pooling) fitted on the training tickets. Settings (model, dtype, task, batch sizes) come
-from TRIAGE_* as for the worker.
+pooling) fitted on the training tickets (with --fine-labels: on their labels before the
+--label-map, each mapped label the sum of its fine labels', as `fit --fine-labels`).
+Settings (model, dtype, task, batch sizes) come from TRIAGE_* as for the worker.
 """
 
 from __future__ import annotations
@@ -35,9 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to both files' labels"
     )
+    p.add_argument(
+        "--fine-labels",
+        action="store_true",
+        help="fit the head on --train's labels before the map (e.g. CLINC150's 150 intents), each mapped label the "
+        "sum of its fine labels' probabilities, as `fit --fine-labels` (needs --label-map or a named set with one: "
+        "clinc150-domains); prompt variants and all scores stay in the mapped labels",
+    )
     p.add_argument("--limit", type=int, default=None, help="score a seeded random sample of N test tickets")
     p.add_argument(
-        "--train-per-label", type=int, default=None, help="use a seeded sample of N training tickets per label"
+        "--train-per-label",
+        type=int,
+        default=None,
+        help="use a seeded sample of N training tickets per label (per fine label with --fine-labels)",
     )
     p.add_argument(
         "--variants",
@@ -84,13 +95,20 @@ def run(args: argparse.Namespace) -> int:
         test_src = data.resolve(args.input, args.label_map, args.split)
         train_src = data.resolve(args.train, args.label_map, args.train_split) if args.train else None
         test = data.subsample(test_src.rows, args.limit, args.seed)
-        train = train_src.rows if train_src else None
+        groups = None
+        if args.fine_labels:  # the heads learn the fine labels (evaluation.EvalConfig.groups), as `fit --fine-labels`
+            if not (train_src or test_src).label_map:
+                raise ValueError("--fine-labels needs a label map (--label-map, or a named set like clinc150-domains)")
+            if train_src is None:
+                raise ValueError("--fine-labels fits the head on --train's fine labels: give --train")
+            groups = train_src.groups()
+        train = (train_src.fine_rows if groups else train_src.rows) if train_src else None
         if train and args.train_per_label:
             train = [
                 data.Labelled(e.text, e.label)
                 for e in pick_examples(train, args.train_per_label, args.seed, max_chars=None)
             ]
-        base, descriptions = _base_task(settings, test, train, test_src)
+        base, descriptions = _base_task(settings, test, train_src.rows if train_src else None, test_src)
     except (data.DataError, ValueError, OSError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
@@ -108,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         curve_repeats=args.curve_repeats,
         cache_dir=args.cache_dir,
         head_file=args.head or settings.head_path,
+        groups=groups,
     )
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log, encoder=encoder)
@@ -180,6 +199,9 @@ def _print_table(report: dict) -> None:
     )
     if report["train"]:
         print(f"train {report['n_train']}: {report['train']}", file=out)
+    if report.get("fine_labels"):
+        fine = report["fine_labels"]
+        print(f"heads fitted on {fine['fine']} fine labels summed into {fine['summed_into']} (--fine-labels)", file=out)
     for s in report["skipped"]:
         print(f"  skipped {s}", file=out)
     print(f"{'method':40s} {'acc':>6s} {'macroF1':>7s} {'ECE':>6s}  coverage/acc at p>=0.5, 0.7", file=out)
@@ -190,9 +212,10 @@ def _print_table(report: dict) -> None:
             for t in (0.5, 0.7)
         )
         print(f"{m['name']:40s} {m['accuracy']:6.3f} {m['macro_f1']:7.3f} {m['ece']:6.3f}  {cov}", file=out)
+    per = "fine label" if report.get("fine_labels") else "label"
     for c in report["learning_curve"]:
         print(
-            f"  curve: {c['per_label']:3d}/label head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
+            f"  curve: {c['per_label']:3d}/{per} head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
             f"[{c['accuracy_min']:.3f}-{c['accuracy_max']:.3f}] macroF1 {c['macro_f1']:.3f} "
             f"ECE {c['ece']:.3f} ({c['repeats']}x)",
             file=out,
@@ -208,7 +231,13 @@ def markdown_table(report: dict) -> str:
     """The methods table (and learning curve) as Markdown, for docs."""
     lines = [
         f"{report['model']} ({report['dtype']}, {report['device']}); "
-        f"test: {report['n_test']} tickets, train: {report['n_train']}",
+        f"test: {report['n_test']} tickets, train: {report['n_train']}"
+        + (
+            f"; heads fitted on {report['fine_labels']['fine']} fine labels summed into "
+            f"{report['fine_labels']['summed_into']}"
+            if report.get("fine_labels")
+            else ""
+        ),
         "",
         "| method | accuracy | macro-F1 | ECE | kept at p>=0.5 (acc) | kept at p>=0.7 (acc) |",
         "|---|---|---|---|---|---|",
@@ -227,7 +256,10 @@ def markdown_table(report: dict) -> str:
         lines += [
             "",
             "| head | "
-            + " | ".join(f"{n}/label" for n in sorted({c["per_label"] for c in report["learning_curve"]}))
+            + " | ".join(
+                f"{n}/{'fine label' if report.get('fine_labels') else 'label'}"
+                for n in sorted({c["per_label"] for c in report["learning_curve"]})
+            )
             + " |",
         ]
         shots = sorted({c["per_label"] for c in report["learning_curve"]})

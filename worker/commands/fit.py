@@ -118,14 +118,12 @@ def _fit(args, settings, task, source) -> None:
     from worker.quality import data
     from worker.quality.features import run_features
     from worker.quality.fewshot import pick_examples
-    from worker.quality.head import fit_head, head_meta
+    from worker.quality.head import fit_head_for, head_meta
 
     rows = source.fine_rows if args.fine_labels else source.rows
     if args.per_label:
         rows = [data.Labelled(e.text, e.label) for e in pick_examples(rows, args.per_label, args.seed, max_chars=None)]
-    labels, groups = task.labels, None
-    if args.fine_labels:  # the head's own labels are the fine ones; it answers in the task's
-        labels, groups = tuple(data.label_order(rows)), source.groups()
+    groups = source.groups() if args.fine_labels else None  # the head learns the fine labels, answers in the task's
     # the states a head reads in the worker (TRIAGE_HEAD_PROMPT, TRIAGE_ENCODER)
     clf = features_classifier(settings, task=task)
     t0 = time.perf_counter()
@@ -133,17 +131,16 @@ def _fit(args, settings, task, source) -> None:
     feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
     meta = head_meta(clf, str(args.input))
-    head = fit_head(
+    head = fit_head_for(
         feats.pooled(args.pooling),
         [r.label for r in rows],
-        labels,
+        task.labels,
         method=args.method,
         pooling=args.pooling,
         meta=meta,
         seed=args.seed,
         blocks=clf.feature_blocks,
         groups=groups,
-        outputs=task.labels if groups else None,
     )
     head.save(args.out)
     fewest = min(head.meta["per_label"].values())
@@ -156,7 +153,7 @@ def _fit(args, settings, task, source) -> None:
                 else ""
             )
         )
-    fine = f", {len(labels)} fine labels summed into {len(task.labels)}" if groups else ""
+    fine = f", {len(head.labels)} fine labels summed into {len(task.labels)}" if groups else ""
     print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets{fine} ({secs:.0f} s forward) -> {args.out}")
     env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
     print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")

@@ -19,7 +19,7 @@ import numpy as np
 
 from worker.quality import data, metrics, suites
 from worker.quality.features import FeatureStore
-from worker.quality.head import Head, fit_head
+from worker.quality.head import Head, fit_head, fit_head_for
 
 DEFAULT_CACHE = Path("out") / "quality-cache" / "features"
 LM, ENCODER = "bundled:smollm2", "bundled:minilm"
@@ -275,9 +275,8 @@ def every_row_table(
             table.add(f"TF-IDF + logistic regression, {every} ({n})", col, tfidf_cell(src.rows, rows, labels))
         table.add(f"all-MiniLM-L6-v2 head, {every} ({n})", col, head_cell(x_tr, y, x_te, labels, gold))
         if src.label_map:  # CLINC150: the intents the domains are made of
-            fine = data.label_order(src.fine_rows)
-            head = fit_head(x_tr, [r.label for r in src.fine_rows], fine, groups=src.groups(), outputs=labels)
-            name = f"all-MiniLM-L6-v2 head, {every} ({n}), {len(fine)} fine labels summed per label"
+            head = fit_head_for(x_tr, [r.label for r in src.fine_rows], labels, groups=src.groups())
+            name = f"all-MiniLM-L6-v2 head, {every} ({n}), {len(head.labels)} fine labels summed per label"
             table.add(name, col, score(head.probs(x_te), labels, gold))
             val = data.resolve(f"{spec}:val").rows
             x_val = enc.get(_texts(val), desc=f"{spec} validation (MiniLM)").mean

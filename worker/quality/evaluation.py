@@ -33,7 +33,7 @@ from worker.quality import metrics
 from worker.quality.data import Labelled
 from worker.quality.features import Features, run_features
 from worker.quality.fewshot import pick_examples
-from worker.quality.head import fit_head, prompt_hash
+from worker.quality.head import fit_head_for, prompt_hash
 
 VARIANTS = ("zero-shot", "descriptions", "few-shot", "task", "head")
 THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
@@ -53,6 +53,9 @@ class EvalConfig:
     cache_dir: Path | None = None  # forward-pass results cache (see features.run_features)
     head_file: Path | None = None  # a head fitted by `triage-worker fit`, scored too (if it fits the task's prompt)
     blocks: Sequence[int] | None = None  # joined features: widths normalized apart (from the head pass's classifier)
+    # fine label -> coarse label (``data.Source.groups()``): the training rows carry fine labels, the heads fitted on
+    # them learn those and answer in the coarse ones, each the sum of its fine labels (``fit --fine-labels``)
+    groups: dict[str, str] | None = None
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
@@ -116,8 +119,12 @@ def evaluate_all(
 
     Heads are fitted on the pooled states the worker's head reads (``features_classifier``: the
     ``TRIAGE_HEAD_PROMPT`` prompt; an encoder's or joined states). An encoder or joined features
-    have no label tokens: only heads are measured for them."""
+    have no label tokens: only heads are measured for them. With ``cfg.groups`` the ``train`` rows carry
+    fine labels: the heads fitted on them learn those; everything else sees the coarse ones."""
     labels = list(base.labels)
+    head_train = train
+    if cfg.groups and train:
+        train = [Labelled(r.text, cfg.groups[r.label]) for r in train]
     gold = [r.label for r in test]
     texts = [r.text for r in test]
     head_only = loaded.kind != "decoder" or encoder is not None
@@ -173,7 +180,7 @@ def evaluate_all(
         heads, curve = _heads(
             base,
             _head_pass(loaded, encoder, settings, base, texts, passes, cfg, info, log),
-            train,
+            head_train,
             labels,
             gold,
             cfg,
@@ -184,11 +191,13 @@ def evaluate_all(
     best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
     default = worker_default(settings, base, settings.head_path)
     default = base_name + default[4:] if default.startswith("task") else default
+    fine = sorted({r.label for r in head_train}) if want_head and cfg.groups and head_train else None
     return {
         "worker_default": next((m["name"] for m in results if m["name"].startswith(default)), None),
         "labels": labels,
         "n_test": len(test),
         "n_train": len(train or []),
+        "fine_labels": {"fine": len(fine), "summed_into": len(labels)} if fine else None,
         "seed": cfg.seed,
         "k": cfg.k,
         "passes": info,
@@ -269,8 +278,9 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
             "tickets_per_s": round(len(train) / tr.seconds, 1) if tr.seconds else None,
         }
         log(f"train pass: {len(train)} tickets in {tr.seconds:.1f} s{' (cached)' if tr.cached else ''}")
-        y = [r.label for r in train]
-        out += _fit_and_score("head", tr, y, test_pass, labels, gold, cfg)
+        y = [r.label for r in train]  # fine labels with cfg.groups
+        prefix = f"head on {len(set(y))} fine labels" if cfg.groups else "head"
+        out += _fit_and_score(prefix, tr, y, test_pass, labels, gold, cfg, groups=cfg.groups)
         curve = learning_curve(tr, y, test_pass, labels, gold, cfg)
     return out, curve
 
@@ -314,14 +324,30 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
 
 
 def _fit_and_score(
-    prefix: str, tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig
+    prefix: str,
+    tr: Features,
+    y: Sequence[str],
+    test_pass: Features,
+    labels,
+    gold,
+    cfg: EvalConfig,
+    groups: dict[str, str] | None = None,
 ) -> list[dict]:
+    """Heads fitted on ``tr`` / ``y`` scored on the test pass; with ``groups`` ``y`` holds fine labels (see
+    ``fit_head_for``) and the scores are over ``labels`` all the same."""
     out = []
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
             t1 = time.perf_counter()
-            head = fit_head(
-                tr.pooled(pooling), y, labels, method=method, pooling=pooling, seed=cfg.seed, blocks=cfg.blocks
+            head = fit_head_for(
+                tr.pooled(pooling),
+                y,
+                labels,
+                groups=groups,
+                method=method,
+                pooling=pooling,
+                seed=cfg.seed,
+                blocks=cfg.blocks,
             )
             fit_s = time.perf_counter() - t1
             probs = head.probs(test_pass.pooled(pooling))
@@ -332,14 +358,17 @@ def _fit_and_score(
                 "fit_seconds": round(fit_s, 2),
                 "head": {k: v for k, v in head.meta.items() if k in ("l2", "temperature", "n_train")},
             }
+            if groups:
+                extra |= {"fine_labels": len(head.labels), "summed_into": len(labels)}
             out.append(score_method(f"{prefix} {method}/{pooling}", probs, labels, gold, extra))
     return out
 
 
 def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, gold, cfg: EvalConfig) -> list[dict]:
-    """Head quality when only n training tickets per label exist (seeded resamples of the train pass)."""
+    """Head quality when only n training tickets per label exist (seeded resamples of the train pass).
+    With ``cfg.groups`` ``y`` holds fine labels and n counts tickets per fine label (as ``fit --per-label``)."""
     y_arr = np.array(y)
-    by_label = {lab: np.flatnonzero(y_arr == lab) for lab in labels}
+    by_label = {lab: np.flatnonzero(y_arr == lab) for lab in (sorted(set(y)) if cfg.groups else labels)}
     most = max(len(v) for v in by_label.values())
     rows = []
     for n in cfg.head_shots:
@@ -350,10 +379,11 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                 for rep in range(repeats):
                     rng = np.random.default_rng(cfg.seed * 1000 + rep)
                     idx = np.concatenate([rng.permutation(v)[:n] for v in by_label.values() if len(v)])
-                    head = fit_head(
+                    head = fit_head_for(
                         tr.pooled(pooling)[idx],
                         list(y_arr[idx]),
                         labels,
+                        groups=cfg.groups,
                         method=method,
                         pooling=pooling,
                         seed=cfg.seed,

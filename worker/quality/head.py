@@ -243,6 +243,18 @@ def fit_head(
     return head
 
 
+def fit_head_for(
+    x: np.ndarray, y: Sequence[str], labels: Sequence[str], *, groups: dict[str, str] | None = None, **kwargs
+) -> Head:
+    """A head answering in ``labels``: ``fit_head(x, y, labels)``, or with ``groups`` (fine label -> one of
+    ``labels``, e.g. ``data.Source.groups()``) ``y`` holds the fine labels: the head is fitted on the fine labels
+    ``y`` has (sorted) and each of ``labels`` is the sum of its fine labels' probabilities (``fit --fine-labels``,
+    ``eval --fine-labels``, the quality table's every-row CLINC150 head)."""
+    if not groups:
+        return fit_head(x, y, labels, **kwargs)
+    return fit_head(x, y, sorted(set(y)), groups=groups, outputs=labels, **kwargs)
+
+
 def _group_meta(labels: Sequence[str], groups: dict[str, str], outputs: Sequence[str] | None) -> dict:
     unmapped = [lab for lab in labels if lab not in groups]
     if unmapped:
