@@ -154,7 +154,7 @@ if [ "$DRY" = 1 ]; then  # DT: the bench's dtype; LOW: verify's low precision (b
   DEV=(--device cpu); DT=fp32; LOW=bf16; GEMM=64; FIXED=4; SWEEP_I=2,8; SWEEP_T=512,2048; WIN=64
   LABEL="Qwen2.5-0.5B family, tiny shape (dry run, CPU)"
 else
-  DEV=(--device cuda); DT=fp16; LOW=fp16; GEMM=8192; FIXED=64; SWEEP_I=256,1024,4096; SWEEP_T=16384,65536; WIN=4096
+  DEV=(--device cuda); DT=fp16; LOW=fp16; GEMM=8192; FIXED=64; SWEEP_I=256,1024,4096; SWEEP_T=16384,65536; WIN=4096  # WIN: the CUDA default
   LABEL="Qwen2.5-0.5B shape, random weights"
 fi
 BENCH=("$PY" -m worker.bench.cli --model "$WORK/model" --model-label "$LABEL" "${DEV[@]}" --no-progress)

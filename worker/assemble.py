@@ -142,6 +142,17 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
 # per-pass work hide behind it; the overhead (2,048 token-equivalents, as measured on an H200 in
 # issue #10) only steers the padded planner, packed passes have no padding to trade against.
 GPU_PASS_DEFAULTS = {"pass_max_items": 2048, "pass_max_tokens": 32768, "pass_overhead_tokens": 2048}
+# A window on CUDA when TRIAGE_WINDOW_MAX_ITEMS is not set: two passes' worth, so the window's reads and writes
+# are amortised over thousands of tickets (TRIAGE_WINDOW_TARGET_S still bounds it by measured time).
+GPU_WINDOW_MAX_ITEMS = 4096
+
+
+def window_max_items(settings: Settings, device=None) -> int:
+    """The most tickets a window may take: TRIAGE_WINDOW_MAX_ITEMS, or on CUDA the GPU default when it is not set."""
+    if device is not None and getattr(device, "type", str(device)) == "cuda":
+        if "window_max_items" not in settings.model_fields_set:
+            return GPU_WINDOW_MAX_ITEMS
+    return settings.window_max_items
 
 
 def engine_options(settings: Settings, device=None) -> EngineOptions:
@@ -329,15 +340,17 @@ def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None)
 
 # ----------------------------------------------------------------------- processes
 def settings_to_env(settings: Settings) -> dict[str, str]:
-    """Every field as the ``TRIAGE_*`` variable a child process reads back into equal settings.
+    """Every field that was set, as the ``TRIAGE_*`` variable a child process reads back into equal settings.
 
-    Fields that are ``None`` are left out (the child's default is ``None`` too). Secrets go into
-    the returned mapping as plain text: hand it to the child's environment, never to a log.
+    Fields left at their defaults stay unset in the child too, so defaults that depend on the device
+    (``GPU_PASS_DEFAULTS``, ``GPU_WINDOW_MAX_ITEMS``) apply there as they do here; fields that are ``None``
+    are left out. Secrets go into the returned mapping as plain text: hand it to the child's environment,
+    never to a log.
     """
     env: dict[str, str] = {}
     for name, field in Settings.model_fields.items():
         value = getattr(settings, name)
-        if value is None:
+        if value is None or name not in settings.model_fields_set:
             continue
         alias = field.validation_alias
         key = str(alias.choices[0]) if isinstance(alias, AliasChoices) else ENV_PREFIX + name.upper()

@@ -83,7 +83,14 @@ class Settings(BaseSettings):
         256,
         ge=1,
         validation_alias=_env("WINDOW_MAX_ITEMS", "MAX_BATCH_ITEMS"),
-        description="Tickets drained from the stream per window at most (split into passes by length).",
+        description="Tickets drained from the stream per window at most (split into passes by length; CUDA default "
+        "4096 when unset).",
+    )
+    window_target_s: float = Field(
+        5.0,
+        ge=0,
+        description="Size each window to about this many seconds of the model's measured work, up to "
+        "TRIAGE_WINDOW_MAX_ITEMS; 0: always TRIAGE_WINDOW_MAX_ITEMS.",
     )
     pass_max_items: int = Field(
         64,

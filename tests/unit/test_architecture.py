@@ -204,6 +204,25 @@ def test_settings_survive_the_trip_through_a_child_environment(monkeypatch, tmp_
     assert _settings_from_env(monkeypatch, settings_to_env(source)).model_dump() == source.model_dump()
 
 
+def test_defaults_stay_defaults_in_the_child_so_cuda_caps_apply_there(monkeypatch, tmp_path):
+    """Mode 6's worker on a GPU must get the CUDA pass and window caps, as mode 5 does in the bench process:
+    a default exported as an explicit value would pin the CPU caps in the child."""
+    from types import SimpleNamespace
+
+    from worker.assemble import GPU_PASS_DEFAULTS, GPU_WINDOW_MAX_ITEMS, engine_options, settings_to_env
+    from worker.assemble import window_max_items as window_cap
+    from worker.settings import Settings
+
+    cuda = SimpleNamespace(type="cuda")
+    here = Settings(model=str(tmp_path / "m"), pass_max_tokens=1000)
+    child = _settings_from_env(monkeypatch, settings_to_env(here))
+    assert child.model_dump() == here.model_dump()
+    options = engine_options(child, cuda)
+    assert options.pass_max_items == GPU_PASS_DEFAULTS["pass_max_items"]  # unset: the CUDA default
+    assert options.pass_max_tokens == 1000  # set: kept
+    assert window_cap(child, cuda) == GPU_WINDOW_MAX_ITEMS and window_cap(child, None) == child.window_max_items
+
+
 def test_bench_redis_mode_worker_gets_the_bench_settings(monkeypatch, tmp_path):
     """Mode 6's subprocess reads back exactly the bench's settings, only its keys moved under the bench namespace."""
     from worker.bench.modes import redis_namespace, redis_worker_env

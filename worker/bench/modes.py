@@ -281,7 +281,7 @@ def run_redis(
     ns = namespace or f"triage-bench:{uuid.uuid4().hex[:10]}:"
     env = redis_worker_env(settings, ns, dtype_name)
     client = redis.Redis.from_url(settings.redis_url)
-    out: dict = {"namespace": ns, "items": len(texts), "window_max_items": settings.window_max_items}
+    out: dict = {"namespace": ns, "items": len(texts), "window_target_s": settings.window_target_s}
     try:
         t0 = time.perf_counter()
         pipe = client.pipeline(transaction=False)

@@ -233,8 +233,8 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"max {workload['text_tokens'].get('max')} "
         f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
         f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
-        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of "
-        f"{settings['window_max_items']}); "
+        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of up to "
+        f"{settings['window_max_items']}, sized to {settings.get('window_target_s', 0)} s of work); "
         f"fixed batch {settings['fixed_batch_items']} items (modes 2-3); scorer {settings['scorer']}",
     ]
     if settings.get("attention"):
@@ -302,6 +302,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _window_cap(settings, clf) -> int:
+    """The window cap mode 6's worker runs with on this device (the CUDA default when it is not set)."""
+    from worker.assemble import window_max_items
+
+    return window_max_items(settings, getattr(clf, "device", None))
+
+
 def run_settings(
     settings, clf, *, fixed_batch: int, sequential_n: int | None = None, baseline_n: int | None = None
 ) -> dict:
@@ -311,7 +318,8 @@ def run_settings(
         "pass_max_items": settings.pass_max_items,
         "pass_max_tokens": settings.pass_max_tokens,
         "pass_overhead_tokens": settings.pass_overhead_tokens,
-        "window_max_items": settings.window_max_items,
+        "window_max_items": _window_cap(settings, clf),
+        "window_target_s": settings.window_target_s,
         "fixed_batch_items": fixed_batch,
         "max_input_tokens": settings.max_input_tokens,
         "scorer": clf.scorer.kind,

@@ -22,6 +22,7 @@ from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink
+from worker.stream.sizing import WindowSizer
 from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
@@ -33,6 +34,13 @@ def run_worker(settings, *, drain: bool = False) -> int:
     if isinstance(started, int):
         return started
     return _Loop(settings, started, drain).run()
+
+
+def _sizer(settings, clf) -> WindowSizer:
+    """Windows of about TRIAGE_WINDOW_TARGET_S of measured work, after a small probe window (sizing.py)."""
+    from worker.assemble import window_max_items
+
+    return WindowSizer(settings.window_target_s, window_max_items(settings, getattr(clf, "device", None)))
 
 
 class _Loop:
@@ -66,12 +74,13 @@ class _Loop:
         self.status = started.status
         self.keeper = started.keeper
         self.summary = Summary(settings.log_summary_s, time.monotonic())
+        self.sizer = _sizer(settings, started.clf)
         self._summary_lock = threading.Lock()
         self.reader = Reader(
             self.source,
             self.clf.prepare,
             guard=self.guard,
-            max_items=settings.window_max_items,
+            sizer=self.sizer,
             max_wait_ms=settings.max_wait_ms,
             claim_idle_ms=settings.claim_idle_ms,
             max_deliveries=settings.max_deliveries,
@@ -112,6 +121,9 @@ class _Loop:
             heartbeat_key=self.heartbeat.key,
             results_stream=self.s.results_stream,
             dead_letter_stream=self.s.dead_letter_stream,
+            window_max_items=self.sizer.max_items,
+            window_target_s=self.sizer.target_s,
+            window_probe_items=self.sizer.probe_items,
         )
         code, why = EXIT_OK, "stopped"
         while True:
@@ -174,6 +186,7 @@ class _Loop:
                 tokenize_ms=w.tokenize_ms,
                 backlog=w.backlog,
                 pending=w.pending,
+                cap_items=w.cap_items,
             ),
         )
         first = rejections(w, worker=self.s.consumer, excerpt_bytes=self.s.dead_letter_excerpt_bytes)
@@ -242,6 +255,7 @@ class _Loop:
             self._drop(job.window)
             return
         m = job.metrics
+        self.sizer.observe(m.stats.items, m.stats.infer_ms)  # before the slot is freed: the next read asks the new size
         self.status.add(windows=1, items=m.items, dead_lettered=m.dead_lettered)
         with self._summary_lock:
             self.summary.add(m)

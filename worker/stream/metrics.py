@@ -49,6 +49,7 @@ class WindowMetrics:
     backlog: int | None = None  # undelivered entries (XINFO GROUPS lag)
     pending: int | None = None  # delivered, not yet acked (whole group)
     split_retries: int = 0  # tickets re-run alone after a pass failed
+    cap_items: int = 0  # the most tickets the window could take (TRIAGE_WINDOW_TARGET_S sizing)
 
     @property
     def busy_ms(self) -> float:
@@ -82,6 +83,7 @@ class WindowMetrics:
             "backlog": self.backlog,
             "pending": self.pending,
             "split_retries": self.split_retries,
+            "cap_items": self.cap_items,
         }
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from worker.stream.connection import Backoff, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
+from worker.stream.sizing import WindowSizer
 from worker.stream.source import RawEntry, StreamSource
 from worker.stream.window import Window, build_window
 
@@ -70,7 +71,7 @@ class Reader(threading.Thread):
         prepare: Callable[[Sequence[str]], list],
         *,
         guard: GroupGuard,
-        max_items: int,
+        sizer: WindowSizer,
         max_wait_ms: int,
         claim_idle_ms: int,
         max_deliveries: int,
@@ -87,7 +88,8 @@ class Reader(threading.Thread):
         self.prepare = prepare
         self.guard = guard
         guard.on_recovered(self._group_recreated)
-        self.max_items = max_items
+        self.sizer = sizer  # how many entries each window asks for
+        self.cap_items = 0  # the window being read: asked of the sizer per window
         self.max_wait_ms = max_wait_ms
         self.claim_idle_ms = claim_idle_ms
         self.max_deliveries = max_deliveries
@@ -126,6 +128,7 @@ class Reader(threading.Thread):
     def settled(self, window: Window) -> None:
         """Every entry of ``window`` is written and acked, or the window was dropped: forget its ids, free its slot."""
         self.in_flight.discard(window.ids, window.epoch)
+        self.sizer.settled()
         self._slots.release()
 
     def held(self) -> list[str]:
@@ -154,6 +157,10 @@ class Reader(threading.Thread):
     # ------------------------------------------------------------------ reads
     def _next_window(self) -> Window | None:
         self._partial, self._read_ms = [], 0.0
+        self.cap_items = self.sizer.cap()
+        if not self.cap_items:  # the probe window is out, nothing measured yet: no second window of unknown size
+            self.stop.wait(0.02)
+            return None
         source = "new"
         self._epoch = self.guard.epoch
         try:
@@ -169,7 +176,7 @@ class Reader(threading.Thread):
         window = build_window(
             entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
         )
-        window.read_ms, window.epoch = self._read_ms, self._epoch
+        window.read_ms, window.epoch, window.cap_items = self._read_ms, self._epoch, self.cap_items
         try:
             state = self.source.group_state()
             if state is not None:
@@ -182,14 +189,14 @@ class Reader(threading.Thread):
         t0 = time.perf_counter()
         try:
             if self._pending_cursor is not None:
-                got = self.source.read_own_pending(self._pending_cursor, self.max_items)
+                got = self.source.read_own_pending(self._pending_cursor, self.cap_items)
                 self._pending_cursor = got[-1].stream_id if got else None
                 fresh = self._take(got)
                 if fresh:
                     return "pending", fresh
             if time.monotonic() >= self._next_claim_s:
                 got, self._claim_cursor, deleted = self.source.autoclaim(
-                    self._claim_cursor, self.max_items, self.claim_idle_ms
+                    self._claim_cursor, self.cap_items, self.claim_idle_ms
                 )
                 if deleted:
                     self.log.warning(
@@ -223,16 +230,16 @@ class Reader(threading.Thread):
     def _drain_new(self) -> list[RawEntry]:
         """Up to N entries: block until the first arrives, then at most max_wait_ms more to fill."""
         block = self.DRAIN_BLOCK_MS if self.drain else self.IDLE_BLOCK_MS
-        got = self._take(self.source.read_new(self.max_items, block))
+        got = self._take(self.source.read_new(self.cap_items, block))
         self._partial = got
         if not got:
             return got
         first_s = time.monotonic()
-        while len(got) < self.max_items and not self.stop.is_set():
+        while len(got) < self.cap_items and not self.stop.is_set():
             left_ms = self.max_wait_ms - (time.monotonic() - first_s) * 1000
             if left_ms < 1:
                 break
-            more = self._take(self.source.read_new(self.max_items - len(got), int(left_ms)))
+            more = self._take(self.source.read_new(self.cap_items - len(got), int(left_ms)))
             got.extend(more)
         return got
 

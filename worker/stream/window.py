@@ -30,6 +30,7 @@ class Window:
     backlog: int | None = None
     pending: int | None = None
     epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
+    cap_items: int = 0  # the most entries it could take (sizing.py)
 
     @property
     def ids(self) -> list[str]:

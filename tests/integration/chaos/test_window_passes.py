@@ -28,6 +28,7 @@ def test_results_are_written_after_each_pass_of_a_large_window(launch, chaos_red
         TRIAGE_MAX_INPUT_TOKENS=256,
         TRIAGE_MAX_WAIT_MS=200,
         TRIAGE_CONSUMER="passes-a",
+        TRIAGE_WINDOW_TARGET_S=0,  # fixed windows: one window of WINDOW tickets, whatever the measured rate
     )
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
     client = chaos_redis.client()

@@ -1,0 +1,45 @@
+"""Windows sized by measured work (TRIAGE_WINDOW_TARGET_S): a real worker drains a real stream; each
+window asks for what the rate measured on the windows before it allows, never more than the maximum."""
+
+from __future__ import annotations
+
+import redis
+
+from tests.worker_proc import env_with, start_worker
+
+N = 60
+
+
+def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
+    # 1 ms of work is far below one window of the tiny model: after the probe window (16 tickets, nothing
+    # prefetched beside it), each window asks for a handful of tickets at most, not the maximum of 64
+    env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=0.001, TRIAGE_WINDOW_MAX_ITEMS=64, TRIAGE_PASS_MAX_ITEMS=16)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    for i in range(N):
+        r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"ws-{i}", "text": f"my invoice {i} shows a double charge"})
+
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(120) == 0, w.stderr_tail()
+
+    ready = w.events("worker_ready")[0]
+    assert (ready["window_max_items"], ready["window_target_s"], ready["window_probe_items"]) == (64, 0.001, 16)
+    windows = w.events("window")
+    caps = [e["cap_items"] for e in windows]
+    assert caps[0] == 16
+    assert all(e["items"] + e["dead_lettered"] <= e["cap_items"] for e in windows)
+    assert max(caps[1:]) < 16 and len(windows) > N // 16  # smaller windows than the fixed size would give
+    results = r.xrange(env["TRIAGE_RESULTS_STREAM"])
+    assert sorted(f["id"] for _, f in results) == sorted(f"ws-{i}" for i in range(N))  # nothing lost or doubled
+
+
+def test_target_zero_keeps_fixed_windows(triage_env, redis_url):
+    env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=0, TRIAGE_WINDOW_MAX_ITEMS=24, TRIAGE_PASS_MAX_ITEMS=8)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    for i in range(N):
+        r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"wf-{i}", "text": f"where is parcel {i}"})
+
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(120) == 0, w.stderr_tail()
+
+    assert {e["cap_items"] for e in w.events("window")} == {24}
+    assert len(r.xrange(env["TRIAGE_RESULTS_STREAM"])) == N

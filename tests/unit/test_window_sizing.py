@@ -1,0 +1,64 @@
+"""worker.stream.sizing: windows sized to about TRIAGE_WINDOW_TARGET_S of measured model work. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.stream.sizing import WindowSizer
+
+
+def test_off_always_asks_for_the_maximum():
+    s = WindowSizer(0, max_items=256)
+    assert s.cap() == 256 and s.cap() == 256  # no probe, prefetch as always
+    s.observe(10, 10_000.0)  # 1 ticket/s would mean 5 tickets at 5 s: ignored when off
+    assert s.cap() == 256
+
+
+def test_a_small_probe_first_then_the_measured_rate_decides():
+    s = WindowSizer(5.0, max_items=256, probe_items=16)
+    assert s.cap() == 16
+    s.observe(16, 4_000.0)  # 4 tickets/s (a CPU with a 135M LM)
+    s.settled()
+    assert s.cap() == 20  # 5 s of work, not 64 s of the old fixed 256
+    assert s.cap() == 20  # measured: the next window may be prefetched
+
+
+def test_one_probe_at_a_time_until_a_rate_is_known():
+    s = WindowSizer(5.0, max_items=256, probe_items=16)
+    assert s.cap() == 16
+    assert s.cap() == 0  # no second window of unknown size while the probe is out
+    s.observe(0, 0.0)  # the probe held only dead letters: no rate
+    s.settled()
+    assert s.cap() == 16  # another probe
+
+
+def test_fast_model_is_capped_by_the_maximum_and_a_slow_one_still_takes_one():
+    fast = WindowSizer(5.0, max_items=4096)
+    fast.cap()
+    fast.observe(16, 4.0)  # 4,000 tickets/s
+    assert fast.cap() == 4096
+    slow = WindowSizer(5.0, max_items=256)
+    slow.cap()
+    slow.observe(2, 60_000.0)  # 30 s a ticket
+    assert slow.cap() == 1
+
+
+def test_probe_never_exceeds_the_maximum():
+    assert WindowSizer(5.0, max_items=8, probe_items=16).cap() == 8
+
+
+def test_rate_is_smoothed_and_empty_windows_say_nothing():
+    s = WindowSizer(10.0, max_items=10_000, smoothing=0.5)
+    s.observe(100, 1_000.0)  # 100/s
+    s.observe(300, 1_000.0)  # 300/s: halfway -> 200/s
+    assert s.cap() == 2000
+    s.observe(0, 500.0)  # only dead letters: no pass ran
+    s.observe(50, 0.0)
+    assert s.cap() == 2000
+
+
+@pytest.mark.parametrize("kw", [{"target_s": -1}, {"max_items": 0}, {"probe_items": 0}, {"smoothing": 0}])
+def test_bad_settings_are_refused(kw):
+    args = {"target_s": 5.0, "max_items": 256, **kw}
+    with pytest.raises(ValueError):
+        WindowSizer(**args)
