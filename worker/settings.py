@@ -87,10 +87,10 @@ class Settings(BaseSettings):
         "4096 when unset).",
     )
     window_target_s: float = Field(
-        5.0,
+        0.0,
         ge=0,
         description="Size each window to about this many seconds of the model's measured work, up to "
-        "TRIAGE_WINDOW_MAX_ITEMS; 0: always TRIAGE_WINDOW_MAX_ITEMS.",
+        "TRIAGE_WINDOW_MAX_ITEMS, so replicas share a backlog (deploy/k8s sets 5); 0: always TRIAGE_WINDOW_MAX_ITEMS.",
     )
     pass_max_items: int = Field(
         64,

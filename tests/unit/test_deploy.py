@@ -278,3 +278,8 @@ def test_rendered_gpu_overlay(gpu):
     so = _one(gpu, "ScaledObject", "triage-worker")
     assert so["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
     assert so["spec"]["triggers"][0]["name"] == "waiting"  # the JSON patch replaced the lag trigger's target
+    # the GPU window (not the base's 64, which would cap every pass at 64) and the in-flight trigger that follows it
+    window = int(data["TRIAGE_WINDOW_MAX_ITEMS"])
+    assert window >= 4096
+    in_flight = next(t for t in so["spec"]["triggers"] if t["name"] == "in-flight")
+    assert int(in_flight["metadata"]["pendingEntriesCount"]) == 2 * window
