@@ -233,8 +233,7 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"max {workload['text_tokens'].get('max')} "
         f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
         f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
-        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of up to "
-        f"{settings['window_max_items']}, sized to {settings.get('window_target_s', 0)} s of work); "
+        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of {_windows(settings)}); "
         f"fixed batch {settings['fixed_batch_items']} items (modes 2-3); scorer {settings['scorer']}",
     ]
     if settings.get("attention"):
@@ -300,6 +299,13 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _windows(settings: dict) -> str:
+    """Mode 6's window size in words: fixed, or sized by measured work (TRIAGE_WINDOW_TARGET_S)."""
+    target = settings.get("window_target_s") or 0
+    cap = settings["window_max_items"]
+    return f"up to {cap}, sized to {target:g} s of work" if target else str(cap)
 
 
 def _window_cap(settings, clf) -> int:
