@@ -3,6 +3,8 @@ window asks for what the rate measured on the windows before it allows, never mo
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from tests.worker_proc import env_with, start_worker
@@ -43,3 +45,19 @@ def test_target_zero_keeps_fixed_windows(triage_env, redis_url):
 
     assert {e["cap_items"] for e in w.events("window")} == {24}
     assert len(r.xrange(env["TRIAGE_RESULTS_STREAM"])) == N
+
+
+def test_a_worker_started_on_an_empty_stream_still_probes_when_tickets_come(triage_env, redis_url):
+    """Reads that find nothing are not the probe window: the first tickets to arrive are read and classified."""
+    env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=5, TRIAGE_WINDOW_MAX_ITEMS=64)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with start_worker(env) as w:
+        time.sleep(1.5)  # at least two empty blocking reads (0.5 s each) before anything arrives
+        for i in range(20):
+            r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"we-{i}", "text": f"cannot log in to account {i}"})
+        deadline = time.monotonic() + 60
+        while r.xlen(env["TRIAGE_RESULTS_STREAM"]) < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert r.xlen(env["TRIAGE_RESULTS_STREAM"]) == 20, w.stderr_tail()
+        assert w.stop() == 0, w.stderr_tail()
+    assert w.events("window")[0]["cap_items"] == 16  # the probe

@@ -9,7 +9,8 @@ from worker.stream.sizing import WindowSizer
 
 def test_off_always_asks_for_the_maximum():
     s = WindowSizer(0, max_items=256)
-    assert s.cap() == 256 and s.cap() == 256  # no probe, prefetch as always
+    s.read()
+    assert s.cap() == 256  # no probe, prefetch as always
     s.observe(10, 10_000.0)  # 1 ticket/s would mean 5 tickets at 5 s: ignored when off
     assert s.cap() == 256
 
@@ -17,6 +18,7 @@ def test_off_always_asks_for_the_maximum():
 def test_a_small_probe_first_then_the_measured_rate_decides():
     s = WindowSizer(5.0, max_items=256, probe_items=16)
     assert s.cap() == 16
+    s.read()
     s.observe(16, 4_000.0)  # 4 tickets/s (a CPU with a 135M LM)
     s.settled()
     assert s.cap() == 20  # 5 s of work, not 64 s of the old fixed 256
@@ -25,7 +27,8 @@ def test_a_small_probe_first_then_the_measured_rate_decides():
 
 def test_one_probe_at_a_time_until_a_rate_is_known():
     s = WindowSizer(5.0, max_items=256, probe_items=16)
-    assert s.cap() == 16
+    assert s.cap() == 16 and s.cap() == 16  # asking is not reading: an empty stream leaves no probe out
+    s.read()
     assert s.cap() == 0  # no second window of unknown size while the probe is out
     s.observe(0, 0.0)  # the probe held only dead letters: no rate
     s.settled()

@@ -177,6 +177,7 @@ class Reader(threading.Thread):
             entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
         )
         window.read_ms, window.epoch, window.cap_items = self._read_ms, self._epoch, self.cap_items
+        self.sizer.read()
         try:
             state = self.source.group_state()
             if state is not None:

@@ -16,8 +16,8 @@ PROBE_ITEMS = 16  # the first window's size: small, its job is to measure the ra
 
 
 class WindowSizer:
-    """``cap()``: the most tickets the next window asks for (0: wait); ``observe()``: what a window's passes cost;
-    ``settled()``: a window is done (written, or dropped).
+    """``cap()``: the most tickets the next read asks for (0: wait); ``read()``: a window was read with it;
+    ``observe()``: what a window's passes cost; ``settled()``: a window is done (written, or dropped).
 
     ``target_s == 0`` switches sizing off (every window asks for ``max_items``). Until a rate is measured
     one small probe window is out at a time (``cap()`` says 0 while it is, so the reader does not prefetch
@@ -41,10 +41,13 @@ class WindowSizer:
                 return self.max_items
             if self.items_per_s is not None:
                 return max(1, min(self.max_items, int(self.items_per_s * self.target_s)))
-            if self._probe_out:
-                return 0
-            self._probe_out = True
-            return self.probe_items
+            return 0 if self._probe_out else self.probe_items
+
+    def read(self) -> None:
+        """A window was read (a read that found nothing is not one): before a rate is known, it is the probe."""
+        with self._lock:
+            if self.target_s and self.items_per_s is None:
+                self._probe_out = True
 
     def observe(self, items: int, work_ms: float) -> None:
         """A window classified ``items`` tickets in ``work_ms`` of model work (its passes); empty ones say nothing."""
