@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from producer.synth import generate_tickets  # noqa: E402
+from worker.bench.modes import redis_worker_env  # noqa: E402
+from worker.settings import Settings  # noqa: E402
 
 
 def drain_with_two_workers(url: str, n: int, target_s: str) -> dict:
@@ -33,18 +35,9 @@ def drain_with_two_workers(url: str, n: int, target_s: str) -> dict:
     r = redis.Redis.from_url(url, decode_responses=True)
     for t in generate_tickets(n, seed=7):
         r.xadd(ns + "tickets", {"id": t["id"], "text": t["text"]})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_") or k == "TRIAGE_MODEL"}
-    env.update(
-        TRIAGE_REDIS_URL=url,
-        TRIAGE_INPUT_STREAM=ns + "tickets",
-        TRIAGE_RESULTS_STREAM=ns + "results",
-        TRIAGE_DEAD_LETTER_STREAM=ns + "dead",
-        TRIAGE_RESULT_KEY_PREFIX=ns + "result:",
-        TRIAGE_HEARTBEAT_KEY_PREFIX=ns + "heartbeat:",
-        TRIAGE_WINDOW_TARGET_S=target_s,
-        TRIAGE_TORCH_THREADS="1",
-        TRIAGE_LOG_FORMAT="json",
-    )
+    # the bench's Redis-mode environment (the caller's TRIAGE_* settings, the keys under ns), one torch thread each
+    settings = Settings(redis_url=url).model_copy(update={"window_target_s": float(target_s), "torch_threads": 1})
+    env = redis_worker_env(settings, ns, settings.dtype)
     t0 = time.monotonic()
     procs = [
         subprocess.Popen(

@@ -147,11 +147,14 @@ GPU_PASS_DEFAULTS = {"pass_max_items": 2048, "pass_max_tokens": 32768, "pass_ove
 GPU_WINDOW_MAX_ITEMS = 4096
 
 
+def _on_cuda(device) -> bool:
+    return device is not None and getattr(device, "type", str(device)) == "cuda"
+
+
 def window_max_items(settings: Settings, device=None) -> int:
     """The most tickets a window may take: TRIAGE_WINDOW_MAX_ITEMS, or on CUDA the GPU default when it is not set."""
-    if device is not None and getattr(device, "type", str(device)) == "cuda":
-        if "window_max_items" not in settings.model_fields_set:
-            return GPU_WINDOW_MAX_ITEMS
+    if _on_cuda(device) and "window_max_items" not in settings.model_fields_set:
+        return GPU_WINDOW_MAX_ITEMS
     return settings.window_max_items
 
 
@@ -160,7 +163,7 @@ def engine_options(settings: Settings, device=None) -> EngineOptions:
     from worker.engine.types import EngineOptions
 
     caps = {k: getattr(settings, k) for k in GPU_PASS_DEFAULTS}
-    if device is not None and getattr(device, "type", str(device)) == "cuda":
+    if _on_cuda(device):
         caps.update({k: v for k, v in GPU_PASS_DEFAULTS.items() if k not in settings.model_fields_set})
     return EngineOptions(
         max_input_tokens=settings.max_input_tokens,

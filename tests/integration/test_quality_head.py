@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from worker.assemble import ScoringConfigError, build_classifier
-from worker.engine.classifier import softmax
+from worker.engine.results import softmax
 from worker.engine.task import Example, default_task
 from worker.quality.calibration import content_free_items, contextual_bias
 from worker.quality.features import run_features

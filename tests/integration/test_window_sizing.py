@@ -12,16 +12,21 @@ from tests.worker_proc import env_with, start_worker
 N = 60
 
 
+def _drain(env: dict, redis_url: str, prefix: str, text: str):
+    """Push N tickets (ids ``prefix-i``, ``text`` with i), drain them with ``run --drain``: (client, worker)."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    for i in range(N):
+        r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"{prefix}-{i}", "text": text.format(i)})
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(120) == 0, w.stderr_tail()
+    return r, w
+
+
 def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
     # 1 ms of work is far below one window of the tiny model: after the probe window (16 tickets, nothing
     # prefetched beside it), each window asks for a handful of tickets at most, not the maximum of 64
     env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=0.001, TRIAGE_WINDOW_MAX_ITEMS=64, TRIAGE_PASS_MAX_ITEMS=16)
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    for i in range(N):
-        r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"ws-{i}", "text": f"my invoice {i} shows a double charge"})
-
-    with start_worker(env, "run", "--drain", ready=False) as w:
-        assert w.wait(120) == 0, w.stderr_tail()
+    r, w = _drain(env, redis_url, "ws", "my invoice {} shows a double charge")
 
     ready = w.events("worker_ready")[0]
     assert (ready["window_max_items"], ready["window_target_s"], ready["window_probe_items"]) == (64, 0.001, 16)
@@ -36,12 +41,7 @@ def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
 
 def test_target_zero_keeps_fixed_windows(triage_env, redis_url):
     env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=0, TRIAGE_WINDOW_MAX_ITEMS=24, TRIAGE_PASS_MAX_ITEMS=8)
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
-    for i in range(N):
-        r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"wf-{i}", "text": f"where is parcel {i}"})
-
-    with start_worker(env, "run", "--drain", ready=False) as w:
-        assert w.wait(120) == 0, w.stderr_tail()
+    r, w = _drain(env, redis_url, "wf", "where is parcel {}")
 
     assert {e["cap_items"] for e in w.events("window")} == {24}
     assert len(r.xrange(env["TRIAGE_RESULTS_STREAM"])) == N

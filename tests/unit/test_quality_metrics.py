@@ -126,7 +126,7 @@ def test_shipped_support_tickets_are_balanced_and_split():
 
 
 def test_decide_writes_the_fallback_below_the_threshold_and_pick_threshold_uses_dev_rows():
-    from worker.engine.classifier import decide
+    from worker.engine.results import decide
 
     probs = np.array([[0.9, 0.05, 0.05], [0.4, 0.35, 0.25], [0.2, 0.5, 0.3]])
     assert decide(probs, LABELS, 0.0, "c") == ["a", "a", "b"]

@@ -308,23 +308,18 @@ def _windows(settings: dict) -> str:
     return f"up to {cap}, sized to {target:g} s of work" if target else str(cap)
 
 
-def _window_cap(settings, clf) -> int:
-    """The window cap mode 6's worker runs with on this device (the CUDA default when it is not set)."""
-    from worker.assemble import window_max_items
-
-    return window_max_items(settings, getattr(clf, "device", None))
-
-
 def run_settings(
     settings, clf, *, fixed_batch: int, sequential_n: int | None = None, baseline_n: int | None = None
 ) -> dict:
     """The batching settings every mode ran with (the JSON's ``settings``): the worker's, and what the engine made
     of them on this device."""
+    from worker.assemble import window_max_items
+
     return {
         "pass_max_items": settings.pass_max_items,
         "pass_max_tokens": settings.pass_max_tokens,
         "pass_overhead_tokens": settings.pass_overhead_tokens,
-        "window_max_items": _window_cap(settings, clf),
+        "window_max_items": window_max_items(settings, clf.device),  # mode 6's: the CUDA default where unset
         "window_target_s": settings.window_target_s,
         "fixed_batch_items": fixed_batch,
         "max_input_tokens": settings.max_input_tokens,

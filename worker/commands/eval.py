@@ -212,7 +212,7 @@ def _print_table(report: dict) -> None:
             for t in (0.5, 0.7)
         )
         print(f"{m['name']:40s} {m['accuracy']:6.3f} {m['macro_f1']:7.3f} {m['ece']:6.3f}  {cov}", file=out)
-    per = "fine label" if report.get("fine_labels") else "label"
+    per = _per(report)
     for c in report["learning_curve"]:
         print(
             f"  curve: {c['per_label']:3d}/{per} head {c['method']}/{c['pooling']}: acc {c['accuracy']:.3f} "
@@ -225,6 +225,11 @@ def _print_table(report: dict) -> None:
         f"({report['wall_s']} s)",
         file=out,
     )
+
+
+def _per(report: dict) -> str:
+    """What a learning-curve count counts: tickets per label, or per fine label (--fine-labels)."""
+    return "fine label" if report.get("fine_labels") else "label"
 
 
 def markdown_table(report: dict) -> str:
@@ -253,17 +258,12 @@ def markdown_table(report: dict) -> str:
             f"| {name} | {m['accuracy']:.3f} | {m['macro_f1']:.3f} | {m['ece']:.3f} | {cells[0]} | {cells[1]} |"
         )
     if report["learning_curve"]:
+        shots = sorted({c["per_label"] for c in report["learning_curve"]})
         lines += [
             "",
-            "| head | "
-            + " | ".join(
-                f"{n}/{'fine label' if report.get('fine_labels') else 'label'}"
-                for n in sorted({c["per_label"] for c in report["learning_curve"]})
-            )
-            + " |",
+            "| head | " + " | ".join(f"{n}/{_per(report)}" for n in shots) + " |",
+            "|---|" + "---|" * len(shots),
         ]
-        shots = sorted({c["per_label"] for c in report["learning_curve"]})
-        lines.append("|---|" + "---|" * len(shots))
         for key in dict.fromkeys((c["method"], c["pooling"]) for c in report["learning_curve"]):
             row = {c["per_label"]: c for c in report["learning_curve"] if (c["method"], c["pooling"]) == key}
             lines.append(f"| {key[0]}/{key[1]} | " + " | ".join(f"{row[n]['accuracy']:.2f}" for n in shots) + " |")

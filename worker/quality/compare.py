@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from worker.engine.results import decide
 from worker.quality import data, metrics, suites
 from worker.quality.features import FeatureStore
 from worker.quality.head import Head, fit_head, fit_head_for
@@ -294,8 +295,6 @@ def every_row_table(
 
 def _oos_threshold_cell(dev_probs, dev_gold, probs, labels, gold) -> Cell:
     """``oos`` as the fallback below the confidence threshold that is best on the development rows."""
-    from worker.engine.classifier import decide
-
     t, _ = metrics.pick_threshold(dev_probs, labels, dev_gold, "oos")
     rep = metrics.evaluate(gold, decide(probs, labels, t, "oos"), labels)
     ece = metrics.evaluate_probs(gold, probs, labels).ece  # a row sent to oos has no probability of its own

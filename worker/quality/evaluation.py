@@ -323,6 +323,11 @@ def worker_default(settings, base: Task, head_file: Path | None) -> str:
     return prompt  # prompt variants are named by content: "task" may have been de-duplicated (see evaluate_all)
 
 
+def _fit(cfg: EvalConfig, x: np.ndarray, y: Sequence[str], labels, method: str, pooling: str, groups=None):
+    """One head as eval fits them all: the run's seed and feature blocks; fine labels in ``y`` with ``groups``."""
+    return fit_head_for(x, y, labels, groups=groups, method=method, pooling=pooling, seed=cfg.seed, blocks=cfg.blocks)
+
+
 def _fit_and_score(
     prefix: str,
     tr: Features,
@@ -339,16 +344,7 @@ def _fit_and_score(
     for pooling in cfg.poolings:
         for method in cfg.head_methods:
             t1 = time.perf_counter()
-            head = fit_head_for(
-                tr.pooled(pooling),
-                y,
-                labels,
-                groups=groups,
-                method=method,
-                pooling=pooling,
-                seed=cfg.seed,
-                blocks=cfg.blocks,
-            )
+            head = _fit(cfg, tr.pooled(pooling), y, labels, method, pooling, groups)
             fit_s = time.perf_counter() - t1
             probs = head.probs(test_pass.pooled(pooling))
             extra = {
@@ -379,16 +375,7 @@ def learning_curve(tr: Features, y: Sequence[str], test_pass: Features, labels, 
                 for rep in range(repeats):
                     rng = np.random.default_rng(cfg.seed * 1000 + rep)
                     idx = np.concatenate([rng.permutation(v)[:n] for v in by_label.values() if len(v)])
-                    head = fit_head_for(
-                        tr.pooled(pooling)[idx],
-                        list(y_arr[idx]),
-                        labels,
-                        groups=cfg.groups,
-                        method=method,
-                        pooling=pooling,
-                        seed=cfg.seed,
-                        blocks=cfg.blocks,
-                    )
+                    head = _fit(cfg, tr.pooled(pooling)[idx], list(y_arr[idx]), labels, method, pooling, cfg.groups)
                     rep_ = metrics.evaluate_probs(gold, head.probs(test_pass.pooled(pooling)), labels)
                     acc.append(rep_.accuracy), f1.append(rep_.macro_f1), ece.append(rep_.ece)
                 rows.append(

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worker.engine.results import softmax
 from worker.engine.types import ConfigError
 
 FORMAT = "triage-head/1"
@@ -93,8 +94,6 @@ class Head:
 
     def probs(self, x: np.ndarray) -> np.ndarray:
         """Probabilities over ``outputs`` (what the worker scores with this head)."""
-        from worker.engine.classifier import softmax
-
         p = softmax(self.logits(x))
         m = self.group_matrix()
         return p if m is None else p @ m

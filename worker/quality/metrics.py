@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from worker.engine.results import decide  # the worker's own rule: a threshold picked here is the one it applies
+
 
 @dataclass
 class Report:
@@ -148,8 +150,6 @@ def pick_threshold(
 
     Pick on development rows, report on test rows: the best threshold on the test rows would flatter the figure.
     """
-    from worker.engine.classifier import decide
-
     grid = np.round(np.arange(0.0, 0.951, 0.05), 2) if grid is None else grid
     best = (-1.0, 0.0)
     for t in grid:
