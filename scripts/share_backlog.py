@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from producer.synth import generate_tickets  # noqa: E402
-from worker.bench.modes import redis_worker_env  # noqa: E402
+from worker.bench.redis_mode import redis_worker_env  # noqa: E402
 from worker.settings import Settings  # noqa: E402
 
 

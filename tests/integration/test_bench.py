@@ -170,7 +170,8 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     """Enqueue, run `python -m worker run --drain` as a subprocess, read the results stream."""
     import redis
 
-    from worker.bench.modes import MODES, run_mode, run_redis
+    from worker.bench.modes import MODES, run_mode
+    from worker.bench.redis_mode import run_redis
     from worker.engine.task import default_task
     from worker.settings import Settings
 

@@ -225,7 +225,7 @@ def test_defaults_stay_defaults_in_the_child_so_cuda_caps_apply_there(monkeypatc
 
 def test_bench_redis_mode_worker_gets_the_bench_settings(monkeypatch, tmp_path):
     """Mode 6's subprocess reads back exactly the bench's settings, only its keys moved under the bench namespace."""
-    from worker.bench.modes import redis_namespace, redis_worker_env
+    from worker.bench.redis_mode import redis_namespace, redis_worker_env
     from worker.settings import Settings
 
     source = Settings(

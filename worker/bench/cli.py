@@ -287,7 +287,7 @@ def _run(
         title = "\nbackbones (the worker's path and scorer for each; passes interleaved)\n"
         print(title + bb.table(doc["backbones"]), flush=True)
     if args.redis:
-        from worker.bench.modes import run_redis
+        from worker.bench.redis_mode import run_redis
         from worker.redis_server import redis_or_private
 
         print("\nmode 6: enqueue + `python -m worker run --drain` (few-shot task) ...", flush=True)

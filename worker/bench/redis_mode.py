@@ -1,0 +1,154 @@
+"""Mode 6: the same tickets through Redis and the worker's own process (``python -m worker run --drain``).
+
+Kept apart from the in-process modes: it needs Redis and a subprocess, they need neither.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+
+def run_redis(
+    settings, texts: Sequence[str], dtype_name: str, refs: dict, timeout_s: float = 900.0, namespace: str | None = None
+) -> dict:
+    """Mode 6: enqueue the tickets, run ``python -m worker run --drain`` as a subprocess, read the results.
+
+    Keys live under ``namespace`` (default: a fresh ``triage-bench:<hex>:``) and
+    are deleted at the end. Throughput counts from the worker's ``worker_ready`` log line (model
+    loaded and warmed up) to the last result's ``classified_at_ms``, so it
+    compares with mode 5's in-process wall time; the process wall time (model
+    load included) is reported too. ``refs``: name -> ModeRun to compare labels with.
+    """
+    import json
+    import subprocess
+    import sys
+    import uuid
+
+    import redis
+
+    ns = namespace or f"triage-bench:{uuid.uuid4().hex[:10]}:"
+    env = redis_worker_env(settings, ns, dtype_name)
+    client = redis.Redis.from_url(settings.redis_url)
+    out: dict = {"namespace": ns, "items": len(texts), "window_target_s": settings.window_target_s}
+    try:
+        t0 = time.perf_counter()
+        pipe = client.pipeline(transaction=False)
+        for i, text in enumerate(texts):
+            pipe.xadd(ns + "tickets", {"id": f"t{i}", "text": text})
+        pipe.execute()
+        out["enqueue_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "worker", "run", "--drain"]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            out["error"] = f"the worker did not drain {len(texts)} tickets within {timeout_s:.0f}s"
+            return out
+        out["process_s"] = time.perf_counter() - t0
+        out["exit_code"] = proc.returncode
+        events = [_json_line(line) for line in proc.stderr.splitlines() + proc.stdout.splitlines()]
+        events = [e for e in events if e]
+        results = {_s(f[b"id"]): f for _, f in client.xrange(ns + "results")}
+        out["results"] = len(results)
+        out["dead_lettered"] = client.xlen(ns + "dead")
+        if proc.returncode != 0 or len(results) != len(texts):
+            out["error"] = (
+                f"worker exited {proc.returncode} with {len(results)}/{len(texts)} results: " + proc.stderr[-800:]
+            )
+            return out
+        ready_ms = _event_ms(events, "worker_ready")
+        if ready_ms is None:
+            out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
+            return out
+        done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
+        batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
+        wall_s = max(done_ms) / 1000.0
+        out.update(
+            wall_s=wall_s,
+            items_per_s=len(texts) / wall_s if wall_s > 0 else None,
+            worker_windows=len(batches),
+            infer_s=sum(b.get("infer_ms") or 0 for b in batches) / 1000.0,
+            tokenize_s=sum(b.get("tokenize_ms") or 0 for b in batches) / 1000.0,
+            write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
+            read_s=sum(b.get("read_ms") or 0 for b in batches) / 1000.0,
+            queue_overhead_pct=100.0 * (wall_s - sum(b.get("infer_ms") or 0 for b in batches) / 1000.0) / wall_s
+            if wall_s > 0
+            else None,
+            done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
+            done_s_max=max(done_ms) / 1000.0,
+        )
+        labels = [_s(results[f"t{i}"][b"label"]) for i in range(len(texts))]
+        scores = [json.loads(_s(results[f"t{i}"][b"scores"])) for i in range(len(texts))]
+        out["agreement"] = {}
+        for name, ref in refs.items():
+            pairs = [(a, s, p) for a, s, p in zip(labels, scores, ref.preds) if p is not None]  # subsampled mode 1
+            same = sum(a == p.label for a, _, p in pairs)
+            dp = max((abs(s[k] - p.scores[k]) for _, s, p in pairs for k in p.scores), default=None)
+            out["agreement"][name] = {
+                "label_agreement": same / len(pairs) if pairs else None,
+                "max_abs_dprob": dp,
+                "tickets": len(pairs),
+            }
+        return out
+    finally:
+        keys = list(client.scan_iter(match=ns + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+def redis_namespace(settings, ns: str, dtype_name: str):
+    """``settings`` with the bench's keys under ``ns`` (and the dtype the bench resolved): what mode 6's worker runs."""
+    return settings.model_copy(
+        update={
+            "input_stream": ns + "tickets",
+            "results_stream": ns + "results",
+            "dead_letter_stream": ns + "dead",
+            "result_key_prefix": ns + "result:",
+            "heartbeat_key_prefix": ns + "heartbeat:",
+            "group": "bench",
+            "consumer": "bench-worker",
+            "dtype": dtype_name,
+            "log_format": "json",
+            "log_level": "INFO",
+        }
+    )
+
+
+def redis_worker_env(settings, ns: str, dtype_name: str) -> dict[str, str]:
+    """The worker subprocess's environment: this process's, every ``TRIAGE_*`` replaced by the bench's settings."""
+    import os
+
+    import torch
+
+    from worker.assemble import settings_to_env
+
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRIAGE_")}
+    env.update(settings_to_env(redis_namespace(settings, ns, dtype_name)))
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # the worker gets the bench's thread count
+    return env
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _json_line(line: str) -> dict | None:
+    import json
+
+    if not line.startswith("{"):
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _event_ms(events: list[dict], name: str) -> int | None:
+    import datetime as dt
+
+    for e in events:
+        if e.get("event") == name and e.get("timestamp"):
+            return int(dt.datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+    return None
