@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -228,6 +229,7 @@ def test_packed_mode5_with_subsampled_baselines(tiny_model_dir, tmp_path, monkey
     m5 = modes["bucketed_cached"]
     assert m5["items"] == 8 and m5["subsample"] is None and m5["attention"] == "packed"
     assert m5["title"].startswith("5 packed")
+    assert doc["runs"][0]["cuda_graphs_warm_up"] is None  # no CUDA graphs: nothing runs before the clock
     assert m5["tokens"]["computed"] == m5["tokens"]["real"] == m5["tokens"]["work"]  # no padding, prefix not recomputed
     assert m5["label_agreement"] == 1.0 and m5["max_abs_dprob"] < 1e-5  # over the 3 tickets mode 1 ran
     clocks = m5["clocks"]
@@ -236,3 +238,62 @@ def test_packed_mode5_with_subsampled_baselines(tiny_model_dir, tmp_path, monkey
     assert m5["speedup_vs_sequential"] == pytest.approx(
         m5["items_per_s"] / modes["sequential"]["items_per_s"], rel=1e-9
     )  # per-ticket rates
+
+
+CAPTURE_LOG = """
+import time
+from worker.engine.graphs import log_captured
+from worker.logs import configure_logging, get_logger
+configure_logging("json", "INFO")
+log_captured(tokens=256, rows=8, longest=64, max_abs_diff=0.0, capture_ms=900.0)  # start-up warm-up: before ready
+time.sleep(0.02)
+get_logger("triage.worker").info("worker_ready")
+time.sleep(0.02)
+log_captured(tokens=4096, rows=64, longest=128, max_abs_diff=1e-3, capture_ms=100.0)
+log_captured(tokens=32768, rows=512, longest=256, max_abs_diff=2e-3, capture_ms=250.5)
+"""
+
+
+def test_mode6_counts_the_graph_captures_the_worker_logs_after_ready():
+    """The worker's capture events, through the real log chain, are what mode 6 reports as capture time."""
+    import subprocess
+    import sys
+
+    from worker.bench.redis_mode import _event_ms, _json_line, graph_captures
+
+    proc = subprocess.run([sys.executable, "-c", CAPTURE_LOG], capture_output=True, text=True, timeout=120, check=True)
+    events = [e for e in map(_json_line, proc.stderr.splitlines()) if e]
+    ready = _event_ms(events, "worker_ready")
+    assert ready is not None
+    n, seconds = graph_captures(events, ready)
+    assert (n, round(seconds, 4)) == (2, 0.3505)
+    assert {"tokens", "rows", "longest", "capture_ms"} <= set(events[-1])
+
+
+def test_graph_warm_up_runs_one_pass_of_each_shape_mode5_will_meet(tiny_model_dir, tmp_path, monkeypatch):
+    """Where CUDA graphs replay packed passes (here a stand-in runner on the CPU: capture is CUDA only), the bench
+    runs one pass per graph shape of mode 5's plan before timing, so no capture lands inside mode 5's clock."""
+    from worker.assemble import build_classifier
+    from worker.bench.modes import warm_up
+    from worker.engine.graphs import shape_for
+    from worker.engine.packed import Layout
+    from worker.settings import Settings
+
+    settings = Settings(
+        model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path, attention="packed", pass_max_items=3
+    )
+    clf = build_classifier(settings)
+    items = clf.prepare_valid(list(workload.synthetic(40, 0).texts))
+    shape = lambda idx: shape_for(Layout.build([len(items[i].ids) for i in idx]))  # noqa: E731
+    planned = [shape(b.indices) for b in clf.plan(items, True)]
+    assert len(set(planned)) < len(planned)  # the workload repeats shapes: one pass of each is the point
+    assert warm_up(clf, items) is None  # no graphs here: the three small passes only
+    launched = []
+    launch = clf.launch_pass
+    monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: launched.append(chunk) or launch(chunk, **kw))
+    eager = SimpleNamespace(layout_for=lambda layout: layout, run=lambda *a: None)  # never captures: runs eagerly
+    monkeypatch.setattr(clf, "graph_runner", lambda: eager)
+    got = warm_up(clf, items)
+    index = {id(p): i for i, p in enumerate(items)}
+    shapes = [shape([index[id(p)] for p in chunk]) for chunk in launched[3:]]  # after the three small passes
+    assert sorted(shapes) == sorted(set(planned)) and got["passes"] == len(shapes)

@@ -61,6 +61,7 @@ def run_redis(
         if ready_ms is None:
             out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
             return out
+        n_captures, capture_s = graph_captures(events, ready_ms)
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
         batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0
@@ -77,7 +78,11 @@ def run_redis(
             else None,
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
+            cuda_graph_captures=n_captures,
+            cuda_graph_capture_s=capture_s,
         )
+        rest_s = wall_s - capture_s  # mode 5 is timed after its captures (modes.warm_up)
+        out["items_per_s_without_captures"] = len(texts) / rest_s if n_captures and rest_s > 0 else None
         labels = [_s(results[f"t{i}"][b"label"]) for i in range(len(texts))]
         scores = [json.loads(_s(results[f"t{i}"][b"scores"])) for i in range(len(texts))]
         out["agreement"] = {}
@@ -145,10 +150,22 @@ def _json_line(line: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
+def graph_captures(events: list[dict], after_ms: int) -> tuple[int, float]:
+    """CUDA graphs the worker captured after ``after_ms`` (its ``worker_ready``): how many, and their seconds.
+
+    Each capture is logged once (``engine/graphs.py``); a long-running worker pays them in its first windows."""
+    from worker.engine.graphs import CAPTURED_EVENT
+
+    late = [e for e in events if e.get("event") == CAPTURED_EVENT and (_ts_ms(e) or 0) > after_ms]
+    return len(late), sum(e.get("capture_ms") or 0 for e in late) / 1000.0
+
+
 def _event_ms(events: list[dict], name: str) -> int | None:
+    return next((_ts_ms(e) for e in events if e.get("event") == name and e.get("timestamp")), None)
+
+
+def _ts_ms(event: dict) -> int | None:
     import datetime as dt
 
-    for e in events:
-        if e.get("event") == name and e.get("timestamp"):
-            return int(dt.datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
-    return None
+    ts = event.get("timestamp")
+    return int(dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000) if ts else None

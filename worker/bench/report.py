@@ -356,5 +356,13 @@ def redis_line(red: dict) -> str:
         f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
         f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "
-        f"process {red['process_s']:.1f}s incl. model load\n  {agree or 'no reference run (needs the few-shot prompt)'}"
+        f"process {red['process_s']:.1f}s incl. model load"
+        + (
+            f"; {red['cuda_graph_captures']} CUDA graph captures after worker_ready took "
+            f"{red['cuda_graph_capture_s']:.2f}s of its wall time (once per process; "
+            f"{_f(red.get('items_per_s_without_captures'), 2)} items/s without them)"
+            if red.get("cuda_graph_captures")
+            else ""
+        )
+        + f"\n  {agree or 'no reference run (needs the few-shot prompt)'}"
     )

@@ -282,7 +282,7 @@ class Classifier:
         if packed:
             from worker.engine.packed import run_packed
 
-            runner = self._graph_runner()
+            runner = self.graph_runner()
             return run_packed(
                 self.model, rows, self.pad_id, prefix, kernel=self.attention_kernel, runner=runner, **common
             )
@@ -294,7 +294,7 @@ class Classifier:
             return fwd
         return join_encoder(fwd, self.encoder, self.aux_framing.pad_id, items)
 
-    def _graph_runner(self):
+    def graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
         if not (self.options.cuda_graphs and self.device.type == "cuda" and self.attention_kernel == "flash"):
             return None
