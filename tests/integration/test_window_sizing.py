@@ -30,6 +30,7 @@ def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
 
     ready = w.events("worker_ready")[0]
     assert (ready["window_max_items"], ready["window_target_s"], ready["window_probe_items"]) == (64, 0.001, 16)
+    assert ready["redis_parser"] == "hiredis"  # the declared dependency is what the worker parses replies with
     windows = w.events("window")
     caps = [e["cap_items"] for e in windows]
     assert caps[0] == 16

@@ -62,6 +62,7 @@ def run_redis(
             out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
             return out
         n_captures, capture_s = graph_captures(events, ready_ms)
+        out["redis_parser"] = next((e.get("redis_parser") for e in events if e.get("event") == "worker_ready"), None)
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
         batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0

@@ -356,7 +356,7 @@ def redis_line(red: dict) -> str:
         f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
         f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "
-        f"process {red['process_s']:.1f}s incl. model load"
+        f"process {red['process_s']:.1f}s incl. model load; replies parsed by {red.get('redis_parser') or '?'}"
         + (
             f"; {red['cuda_graph_captures']} CUDA graph captures after worker_ready took "
             f"{red['cuda_graph_capture_s']:.2f}s of its wall time (once per process; "

@@ -17,7 +17,7 @@ import time
 
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.classify import PassResult, run_passes
-from worker.stream.connection import Backoff, is_transient
+from worker.stream.connection import Backoff, is_transient, reply_parser
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
@@ -124,6 +124,7 @@ class _Loop:
             window_max_items=self.sizer.max_items,
             window_target_s=self.sizer.target_s,
             window_probe_items=self.sizer.probe_items,
+            redis_parser=reply_parser(),
         )
         code, why = EXIT_OK, "stopped"
         while True:
