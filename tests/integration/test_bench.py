@@ -270,11 +270,12 @@ def test_mode6_counts_the_graph_captures_the_worker_logs_after_ready():
     assert {"tokens", "rows", "longest", "capture_ms"} <= set(events[-1])
 
 
-def test_graph_warm_up_runs_one_pass_of_each_shape_mode5_will_meet(tiny_model_dir, tmp_path, monkeypatch):
+def test_graph_warm_up_runs_one_pass_of_each_shape_the_timed_runs_will_meet(tiny_model_dir, tmp_path, monkeypatch):
     """Where CUDA graphs replay packed passes (here a stand-in runner on the CPU: capture is CUDA only), the bench
-    runs one pass per graph shape of mode 5's plan before timing, so no capture lands inside mode 5's clock."""
+    runs one pass per graph shape of mode 5's plan (and of the sweep's) before timing, so no capture lands inside
+    a timed run."""
     from worker.assemble import build_classifier
-    from worker.bench.modes import warm_up
+    from worker.bench.modes import run_sweep, warm_up
     from worker.engine.graphs import shape_for
     from worker.engine.packed import Layout
     from worker.settings import Settings
@@ -297,3 +298,10 @@ def test_graph_warm_up_runs_one_pass_of_each_shape_mode5_will_meet(tiny_model_di
     index = {id(p): i for i, p in enumerate(items)}
     shapes = [shape([index[id(p)] for p in chunk]) for chunk in launched[3:]]  # after the three small passes
     assert sorted(shapes) == sorted(set(planned)) and got["passes"] == len(shapes)
+
+    # the sweep's caps plan other passes: one of each of their shapes first, then the timed runs
+    launched.clear()
+    runs, warm = run_sweep(clf, items, [(2, 10**6), (5, 10**6)], interleave=False)
+    swept = {shape(b.indices) for r in runs for b in r.passes}
+    shapes = [shape([index[id(p)] for p in chunk]) for chunk in launched[: warm["passes"]]]
+    assert sorted(shapes) == sorted(swept) and len(launched) == warm["passes"] + sum(len(r.passes) for r in runs)

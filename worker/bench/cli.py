@@ -271,19 +271,16 @@ def _run(
             f"same {len(items)} tickets\n" + report.table(summaries),
             flush=True,
         )
-        timed = graph_stats(clf)
-        if warm and timed and timed["captures"] > warm["captures"]:  # a shape the warm-up did not foresee
-            new = {k: timed[k] - warm[k] for k in ("captures", "capture_s")}
-            print(f"[{prompt}] modes: {_captures_note(new)} inside their timings", flush=True)
+        _unforeseen(prompt, "modes", warm, timed := graph_stats(clf))
         if sweep:
             with _bar(args, len(items) * len(sweep), f"sweep: {len(sweep)} settings") as bar:
-                sweep_runs = run_sweep(clf, items, sweep, interleave, bar.update)
+                sweep_runs, sweep_warm = run_sweep(clf, items, sweep, interleave, bar.update)
+            if sweep_warm:
+                print(f"[{prompt}] sweep: {_captures_note(sweep_warm, since=timed)} before timing", flush=True)
             entry["sweep"] = report.sweep_rows(sweep, sweep_runs, shape, clf.prefix_length, doc["gemm"], cpu_clock)
             print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
-            after = graph_stats(clf)
-            if after and timed and after["captures"] > timed["captures"]:  # new caps, new shapes: not warmed up
-                new = {k: after[k] - timed[k] for k in ("captures", "capture_s")}
-                print(f"[{prompt}] sweep: {_captures_note(new)} inside its timings", flush=True)
+            _unforeseen(prompt, "sweep", sweep_warm, graph_stats(clf))
+            entry["cuda_graphs_sweep_warm_up"] = sweep_warm
         entry["cuda_graphs_warm_up"] = warm  # captures before timing (None: no CUDA graphs)
         entry["cuda_graphs"] = timed  # totals after the modes (warm-up included)
         doc["runs"].append(entry)
@@ -335,8 +332,16 @@ def _run(
     return 0
 
 
-def _captures_note(stats: dict) -> str:
-    return f"CUDA graphs: {stats['captures']} pass shapes captured and checked in {stats['capture_s']:.2f}s"
+def _captures_note(stats: dict, since: dict | None = None) -> str:
+    """``stats`` are running totals (``modes.graph_stats``); ``since``: totals before, to count only what is new."""
+    n, s = stats["captures"] - (since or {}).get("captures", 0), stats["capture_s"] - (since or {}).get("capture_s", 0)
+    return f"CUDA graphs: {n} pass shapes captured and checked in {s:.2f}s"
+
+
+def _unforeseen(prompt: str, what: str, warm: dict | None, after: dict | None) -> None:
+    """Say so when a timed run still captured a graph (a shape its warm-up missed, or the MAX_GRAPHS limit)."""
+    if warm and after and after["captures"] > warm["captures"]:
+        print(f"[{prompt}] {what}: {_captures_note(after, since=warm)} inside the timings", flush=True)
 
 
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:

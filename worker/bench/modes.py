@@ -223,9 +223,10 @@ def run_sweep(
     grid: Sequence[tuple[int, int]],
     interleave: bool = True,
     on_batch: Callable[[int], None] = lambda n: None,
-) -> list[ModeRun]:
+) -> tuple[list[ModeRun], dict | None]:
     """Mode 5 at each (pass_max_items, pass_max_tokens) of ``grid``, planned as the worker plans:
-    where throughput saturates. One run per grid point, in grid order."""
+    where throughput saturates. One run per grid point, in grid order; and what the CUDA-graph warm-up
+    of their shapes cost (``warm_graphs``; None without graphs)."""
     spec = MODES["bucketed_cached"]
     lengths = [clf.cost_length(p, True) for p in items]
 
@@ -235,8 +236,9 @@ def run_sweep(
         return bucketing.plan_passes(lengths, max_items, max_tokens, clf.options.pass_overhead_tokens)
 
     runs = [start(clf, items, spec, planned(i, t), None) for i, t in grid]
+    warm = warm_graphs(clf, items, [r.passes for r in runs])  # other caps, other shapes: captured before timing
     execute(clf, items, runs, interleave, on_batch)
-    return runs
+    return runs, warm
 
 
 def graph_stats(clf) -> dict | None:
@@ -255,24 +257,30 @@ def graph_stats(clf) -> dict | None:
 
 
 def warm_up(clf, items: Sequence) -> dict | None:
-    """A small cached and uncached pass: first-call allocations and kernel selection stay out of the timings.
-
-    Where packed passes replay CUDA graphs, one pass of every graph shape in mode 5's plan also runs
-    first: each new shape is captured (and checked against an eager run) once per process, which a
-    long-running worker pays in its first windows and never again. The timed modes then measure the
-    steady state; what the captures cost is returned and reported, not hidden.
-    """
+    """A small cached and uncached pass: first-call allocations and kernel selection stay out of the timings;
+    then ``warm_graphs`` over mode 5's plan."""
     clf.classify(list(items[:2]), prefix_cache=True)
     clf.classify(list(items[:1]), prefix_cache=False)
     clf.classify(list(items[:1]), prefix_cache=False, attention="padded")
+    return warm_graphs(clf, items, [clf.plan(items, True)])
+
+
+def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]]) -> dict | None:
+    """Where packed passes replay CUDA graphs: one pass of every graph shape in ``plans``, before timing.
+
+    A new shape is captured (and checked against an eager run) once per process, which a long-running
+    worker pays in its first windows and never again. The timed modes then measure the steady state;
+    what the captures cost is returned and reported, not hidden. None where no graphs are used.
+    """
     if clf.graph_runner() is None:
         return None
     from worker.engine.graphs import shape_for
     from worker.engine.packed import Layout
 
     shapes: dict = {}
-    for b in clf.plan(items, True):
-        shapes.setdefault(shape_for(Layout.build([len(items[i].ids) for i in b.indices])), b)
+    for passes in plans:
+        for b in passes:
+            shapes.setdefault(shape_for(Layout.build([len(items[i].ids) for i in b.indices])), b)
     t0 = time.perf_counter()
     for _ in clf.classify_passes(items, list(shapes.values())):
         pass
