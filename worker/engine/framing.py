@@ -7,8 +7,9 @@ tokens it takes. ``prepare`` tokenizes a window in one tokenizer call per backbo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
@@ -16,12 +17,18 @@ from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate
 from worker.engine.types import InvalidTicket, Prepared
 
+Encode = Callable[[list[str]], list[list[int]]]
+
 
 @dataclass(frozen=True)
 class Framing:
     tokenizer: PreTrainedTokenizerBase
     template: PromptTemplate
     limit: int  # ticket tokens at most (the framing ids not counted)
+    encode: Encode = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encode", ticket_encoder(self.tokenizer))
 
     @classmethod
     def of(cls, loaded: LoadedModel, template: PromptTemplate, max_input_tokens: int) -> Framing:
@@ -37,12 +44,32 @@ class Framing:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        # split_special_tokens: "<|im_end|>" typed in a ticket is plain text, never a control token
-        return self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return self.encode(texts)
 
     def frame(self, ids: Sequence[int]) -> tuple[int, ...]:
         """The row of a ticket's ids: cut to ``limit``, framed by the template's lead and tail."""
         return self.template.lead_ids + tuple(ids[: self.limit]) + self.template.tail_ids
+
+
+def ticket_encoder(tokenizer: PreTrainedTokenizerBase) -> Encode:
+    """Ticket texts -> ids, exactly as ``tokenizer(texts, add_special_tokens=False, split_special_tokens=True)``.
+
+    ``split_special_tokens``: "<|im_end|>" typed in a ticket is plain text, never a control token.
+    A fast tokenizer is called on a private copy of its Rust backend (no truncation, no padding,
+    special tokens in the text encoded as text): transformers' per-ticket Python conversion was
+    about half of a 4,096-ticket window's tokenizing here, holding the interpreter lock the pass
+    thread needs, and the copy shares no settings that transformers flips per call with other
+    callers of the tokenizer. Anything else goes through transformers.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode_special_tokens"):
+        return lambda texts: tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    own = copy.deepcopy(backend)
+    own.no_truncation()
+    own.no_padding()
+    own.encode_special_tokens = True
+    batch = getattr(own, "encode_batch_fast", own.encode_batch)  # _fast: no offsets (tokenizers >= 0.21)
+    return lambda texts: [e.ids for e in batch(texts, add_special_tokens=False)]
 
 
 def prepare(
