@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from producer.synth import generate_tickets  # noqa: E402
-from worker.bench.redis_mode import redis_worker_env  # noqa: E402
+from worker.bench.redis_mode import log_events, redis_worker_env  # noqa: E402
 from worker.settings import Settings  # noqa: E402
 
 
@@ -53,7 +53,10 @@ def drain_with_two_workers(url: str, n: int, target_s: str) -> dict:
     logs = [p.communicate()[1] for p in procs]
     wall_s = time.monotonic() - t0
     by_worker = Counter(f.get("worker") for _, f in r.xrange(ns + "results"))
-    windows = {name: _events(log, "window") for name, log in zip(("worker-a", "worker-b"), logs)}
+    windows = {
+        name: [e for e in log_events(log) if e.get("event") == "window"]
+        for name, log in zip(("worker-a", "worker-b"), logs)
+    }
     for key in r.scan_iter(match=ns + "*", count=1000):
         r.delete(key)
     return {
@@ -63,19 +66,6 @@ def drain_with_two_workers(url: str, n: int, target_s: str) -> dict:
         "windows": {k: [w["items"] for w in v] for k, v in windows.items()},
         "exit_codes": [p.returncode for p in procs],
     }
-
-
-def _events(log: str, name: str) -> list[dict]:
-    out = []
-    for line in log.splitlines():
-        if line.startswith("{"):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == name:
-                out.append(rec)
-    return out
 
 
 def main() -> int:

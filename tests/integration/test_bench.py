@@ -259,11 +259,11 @@ def test_mode6_counts_the_graph_captures_the_worker_logs_after_ready():
     import subprocess
     import sys
 
-    from worker.bench.redis_mode import _event_ms, _json_line, graph_captures
+    from worker.bench.redis_mode import event_ms, graph_captures, log_events
 
     proc = subprocess.run([sys.executable, "-c", CAPTURE_LOG], capture_output=True, text=True, timeout=120, check=True)
-    events = [e for e in map(_json_line, proc.stderr.splitlines()) if e]
-    ready = _event_ms(events, "worker_ready")
+    events = log_events(proc.stderr)
+    ready = event_ms(next(e for e in events if e.get("event") == "worker_ready"))
     assert ready is not None
     n, seconds = graph_captures(events, ready)
     assert (n, round(seconds, 4)) == (2, 0.3505)

@@ -47,8 +47,7 @@ def run_redis(
             return out
         out["process_s"] = time.perf_counter() - t0
         out["exit_code"] = proc.returncode
-        events = [_json_line(line) for line in proc.stderr.splitlines() + proc.stdout.splitlines()]
-        events = [e for e in events if e]
+        events = log_events(proc.stderr + "\n" + proc.stdout)
         results = {_s(f[b"id"]): f for _, f in client.xrange(ns + "results")}
         out["results"] = len(results)
         out["dead_lettered"] = client.xlen(ns + "dead")
@@ -57,26 +56,26 @@ def run_redis(
                 f"worker exited {proc.returncode} with {len(results)}/{len(texts)} results: " + proc.stderr[-800:]
             )
             return out
-        ready_ms = _event_ms(events, "worker_ready")
+        ready = next((e for e in events if e.get("event") == "worker_ready"), {})
+        ready_ms = event_ms(ready)
         if ready_ms is None:
             out["error"] = "the worker never logged 'worker_ready' (TRIAGE_LOG_FORMAT=json expected on stderr)"
             return out
         n_captures, capture_s = graph_captures(events, ready_ms)
-        out["redis_parser"] = next((e.get("redis_parser") for e in events if e.get("event") == "worker_ready"), None)
+        out["redis_parser"] = ready.get("redis_parser")
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
         batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0
+        infer_s = sum(b.get("infer_ms") or 0 for b in batches) / 1000.0
         out.update(
             wall_s=wall_s,
             items_per_s=len(texts) / wall_s if wall_s > 0 else None,
             worker_windows=len(batches),
-            infer_s=sum(b.get("infer_ms") or 0 for b in batches) / 1000.0,
+            infer_s=infer_s,
             tokenize_s=sum(b.get("tokenize_ms") or 0 for b in batches) / 1000.0,
             write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
             read_s=sum(b.get("read_ms") or 0 for b in batches) / 1000.0,
-            queue_overhead_pct=100.0 * (wall_s - sum(b.get("infer_ms") or 0 for b in batches) / 1000.0) / wall_s
-            if wall_s > 0
-            else None,
+            queue_overhead_pct=100.0 * (wall_s - infer_s) / wall_s if wall_s > 0 else None,
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
             cuda_graph_captures=n_captures,
@@ -139,16 +138,20 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _json_line(line: str) -> dict | None:
+def log_events(text: str) -> list[dict]:
+    """The JSON log lines of a worker's output (``TRIAGE_LOG_FORMAT=json``), as dicts; other lines are skipped."""
     import json
 
-    if not line.startswith("{"):
-        return None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
 
 
 def graph_captures(events: list[dict], after_ms: int) -> tuple[int, float]:
@@ -157,15 +160,12 @@ def graph_captures(events: list[dict], after_ms: int) -> tuple[int, float]:
     Each capture is logged once (``engine/graphs.py``); a long-running worker pays them in its first windows."""
     from worker.engine.graphs import CAPTURED_EVENT
 
-    late = [e for e in events if e.get("event") == CAPTURED_EVENT and (_ts_ms(e) or 0) > after_ms]
+    late = [e for e in events if e.get("event") == CAPTURED_EVENT and (event_ms(e) or 0) > after_ms]
     return len(late), sum(e.get("capture_ms") or 0 for e in late) / 1000.0
 
 
-def _event_ms(events: list[dict], name: str) -> int | None:
-    return next((_ts_ms(e) for e in events if e.get("event") == name and e.get("timestamp")), None)
-
-
-def _ts_ms(event: dict) -> int | None:
+def event_ms(event: dict) -> int | None:
+    """A log event's timestamp in epoch milliseconds (None without one)."""
     import datetime as dt
 
     ts = event.get("timestamp")
