@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import Callable, Iterator
 
+from producer import synth_attachments as A
 from producer import synth_phrases as P
 
 LABELS: tuple[str, ...] = tuple(P.LABEL_WEIGHTS)
@@ -186,10 +187,10 @@ def _log_lines(rng: random.Random) -> Iterator[str]:
             f"T{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}.{rng.randint(0, 999):03d}Z"
         )
         if rng.random() < 0.2:
-            yield "    " + _fill(rng.choice(P.STACK_FRAMES), rng)
+            yield "    " + _fill(rng.choice(A.STACK_FRAMES), rng)
         else:
-            comp = f"{rng.choice(P.LOG_COMPONENTS)}-{rng.randint(1, 8)}"
-            yield f"{stamp} {rng.choice(P.LOG_LEVELS)} [{comp}] {_fill(rng.choice(P.LOG_MESSAGES), rng)}"
+            comp = f"{rng.choice(A.LOG_COMPONENTS)}-{rng.randint(1, 8)}"
+            yield f"{stamp} {rng.choice(A.LOG_LEVELS)} [{comp}] {_fill(rng.choice(A.LOG_MESSAGES), rng)}"
 
 
 def _invoice_lines(rng: random.Random) -> Iterator[str]:
@@ -206,7 +207,7 @@ def _tracking_lines(rng: random.Random) -> Iterator[str]:
         yield (
             f"{rng.choice(('Mar', 'Apr', 'May', 'Jun'))} {rng.randint(1, 28):02d} "
             f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}  "
-            f"{rng.choice(P.CITIES).upper()}  {rng.choice(P.TRACKING_EVENTS)}"
+            f"{rng.choice(P.CITIES).upper()}  {rng.choice(A.TRACKING_EVENTS)}"
         )
 
 
@@ -215,7 +216,7 @@ def _login_lines(rng: random.Random) -> Iterator[str]:
         ip = f"{rng.choice((203, 198, 192))}.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"
         yield (
             f"2024-05-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} UTC  "
-            f"{rng.choice(P.LOGIN_EVENTS)}  IP {ip}  "
+            f"{rng.choice(A.LOGIN_EVENTS)}  IP {ip}  "
             f"{rng.choice(('Chrome', 'Safari', 'Firefox', 'Edge'))} on {_fill('{device}', rng)}"
         )
 
@@ -226,7 +227,7 @@ def _email_thread(rng: random.Random, label: str) -> Iterator[str]:
     while True:
         yield "-----Original Message-----"
         yield _fill("From: Support Team <support@example.com>  Sent: {date}  Subject: Re: Ticket {ticket}", rng)
-        yield from rng.sample(P.AGENT_LINES, rng.randint(2, 4))
+        yield from rng.sample(A.AGENT_LINES, rng.randint(2, 4))
         yield _fill("On {date}, {name} wrote:", rng)
         yield "> " + _fill(rng.choice(issues), rng)
         for _ in range(rng.randint(1, 4)):
@@ -245,7 +246,7 @@ _BLOCKS: dict[str, Callable[[random.Random], Iterator[str]]] = {
 def _attachment(rng: random.Random, label: str, budget: int) -> str:
     if rng.random() < 0.35:
         return "\n".join(_take(rng, _email_thread(rng, label), budget))
-    intro = rng.choice(P.ATTACH_INTROS[label])
+    intro = rng.choice(A.ATTACH_INTROS[label])
     body = _take(rng, _BLOCKS[label](rng), budget - len(intro.split()), sentence=label == "other")
     joiner = " " if label == "other" else "\n"
     return intro + "\n" + joiner.join(body)
