@@ -40,7 +40,6 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
-    TOKENIZERS_PARALLELISM=false \
     HF_HOME=/cache/huggingface \
     TRIAGE_CACHE_DIR=/opt/triage/cache
 

@@ -9,7 +9,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
-export TOKENIZERS_PARALLELISM ?= false
 
 LOWER := .venv-lower
 # the floor of pyproject's transformers range (a unit test keeps the two equal): `make test-lower` tests it

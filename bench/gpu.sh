@@ -53,7 +53,7 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/triage-gpu.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1  # tokenize threads: TRIAGE_TOKENIZE_THREADS
 export TRIAGE_CACHE_DIR=$WORK/cache TRIAGE_LOG_FORMAT=json
 # The workload: the task's own prompt (a ~258-token few-shot prefix; zero-shot without the examples). The
 # worker's default head prompt is the short labels-only one, under which few-shot and zero-shot would be one prompt.

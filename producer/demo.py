@@ -95,7 +95,6 @@ def _worker_env(settings: ProducerSettings, ns: str) -> dict[str, str]:
         TRIAGE_LOG_LEVEL="INFO",
     )
     env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
 

@@ -126,7 +126,7 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     the hub, it stays as the user set it (HF_HUB_OFFLINE), so that one can download."""
     import torch
 
-    from worker.engine.device import pick_device, pick_dtype, pick_threads
+    from worker.engine.device import pick_device, pick_dtype, pick_threads, pick_tokenize_threads, set_tokenize_threads
     from worker.engine.loader import load_model
     from worker.engine.sources import go_offline_if_local
 
@@ -134,6 +134,7 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     device = pick_device(settings.device)
     if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
         torch.set_num_threads(threads)
+    set_tokenize_threads(pick_tokenize_threads(settings.tokenize_threads))  # before anything tokenizes
     return load_model(name or settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
 
 

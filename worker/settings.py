@@ -70,6 +70,11 @@ class Settings(BaseSettings):
         "default on a busy 2-core box), else torch's default capped by a container CPU quota; 0 = torch's default; "
         "N = N. With several workers on one host, set cores / workers.",
     )
+    tokenize_threads: int | Literal["auto"] = Field(
+        "auto",
+        description="Threads that tokenize a window (the tokenizers library's pool, outside the interpreter lock): "
+        "auto = the usable CPUs (affinity and container quota); 1 = no pool; N = N.",
+    )
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where converted GGUF weights are cached.")
     labels: str | None = Field(None, description="Comma-separated label names (overrides the default set).")
     task_file: Path | None = Field(
@@ -191,6 +196,13 @@ class Settings(BaseSettings):
     def _threads_not_negative(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 0:
             raise ValueError("must be 'auto', 0 (torch's default) or a positive number of threads")
+        return v
+
+    @field_validator("tokenize_threads")
+    @classmethod
+    def _tokenize_threads_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be 'auto' or a positive number of threads")
         return v
 
     @field_validator("labels")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -255,3 +257,21 @@ def test_torch_threads_auto_rule(monkeypatch):
         assert dev.pick_threads("auto", cpu) == want, cpus
     assert dev.pick_threads("auto", gpu) is None and dev.pick_threads(0, cpu) is None and dev.pick_threads(3, cpu) == 3
     assert Settings().torch_threads == "auto"  # the worker's default, and the bench's (it builds the same Settings)
+
+
+def test_tokenize_threads_rule(monkeypatch):
+    from pydantic import ValidationError
+
+    from worker.engine import device as dev
+
+    monkeypatch.setattr(dev, "usable_cpus", lambda: 6)
+    assert dev.pick_tokenize_threads("auto") == 6 and dev.pick_tokenize_threads(3) == 3
+    assert Settings().tokenize_threads == "auto"
+    with pytest.raises(ValidationError):
+        Settings(tokenize_threads=0)
+    for var in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):
+        monkeypatch.setenv(var, "")  # restored after the test: the setting is process-wide
+    dev.set_tokenize_threads(1)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false" and dev.tokenize_threads() == 1
+    dev.set_tokenize_threads(4)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "true" and dev.tokenize_threads() == 4

@@ -4,7 +4,8 @@
 copy of the Rust backend. The contract is the transformers call ``tokenizer(texts,
 add_special_tokens=False, split_special_tokens=True)``; these tests hold the two equal on hostile text
 (typed control tokens, odd unicode, long runs) for a byte-level BPE, a WordPiece and the real SmolLM2
-tokenizer, and check that the shared tokenizer's own settings do not leak into the copy.
+tokenizer, on one thread and on the library's pool, and check that the shared tokenizer's own settings
+do not leak into the copy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from tests.integration.chaos.hostile import hostile_cases
 from tests.tiny_model import build_bert_tokenizer, build_tokenizer
+from worker.engine.device import set_tokenize_threads, tokenize_threads
 from worker.engine.framing import ticket_encoder
 
 TEXTS = [
@@ -68,11 +70,16 @@ def tokenizer(request):
     return request.param()
 
 
-def test_direct_backend_gives_the_transformers_ids(tokenizer):
+@pytest.mark.parametrize("threads", [1, 2], ids=["one-thread", "pool"])
+def test_direct_backend_gives_the_transformers_ids(tokenizer, threads, monkeypatch):
     texts = TEXTS + _hostile_texts()
     assert len(texts) > len(TEXTS) + 5  # the hostile corpus really contributed
     want = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    assert ticket_encoder(tokenizer)(texts) == want
+    for var in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):
+        monkeypatch.setenv(var, "")  # restored after the test: set_tokenize_threads is process-wide
+    set_tokenize_threads(threads)  # TRIAGE_TOKENIZE_THREADS: the worker's window on the library's thread pool
+    assert tokenize_threads() == threads
+    assert ticket_encoder(tokenizer)(texts) == want  # input order and ids, whatever thread encoded a ticket
 
 
 def test_typed_control_tokens_stay_text(tokenizer):

@@ -25,8 +25,15 @@ def _drain(env: dict, redis_url: str, prefix: str, text: str):
 def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
     # 1 ms of work is far below one window of the tiny model: after the probe window (16 tickets, nothing
     # prefetched beside it), each window asks for a handful of tickets at most, not the maximum of 64
-    env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=0.001, TRIAGE_WINDOW_MAX_ITEMS=64, TRIAGE_PASS_MAX_ITEMS=16)
+    env = env_with(
+        triage_env,
+        TRIAGE_WINDOW_TARGET_S=0.001,
+        TRIAGE_WINDOW_MAX_ITEMS=64,
+        TRIAGE_PASS_MAX_ITEMS=16,
+        TRIAGE_TOKENIZE_THREADS=3,  # not this box's CPU count: the setting, not the default
+    )
     r, w = _drain(env, redis_url, "ws", "my invoice {} shows a double charge")
+    assert w.events("model_loaded")[0]["tokenize_threads"] == 3  # the reader tokenizes on the library's pool
 
     ready = w.events("worker_ready")[0]
     assert (ready["window_max_items"], ready["window_target_s"], ready["window_probe_items"]) == (64, 0.001, 16)

@@ -221,6 +221,7 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
     lines = [
         f"hardware : {hw['cpu_model']} | {hw['cpu_cores']} cores | "
         f"torch threads {hw['torch_threads']}{_threads_note(hw)} | "
+        f"tokenize threads {hw.get('tokenize_threads', '?')} | "
         f"device {hw['device']}{' (' + hw['device_name'] + ')' if hw.get('device_name') else ''} | "
         f"dtype {hw['dtype']} | "
         f"torch {hw['torch']} | transformers {hw['transformers']}",
@@ -275,11 +276,14 @@ def hardware(clf) -> dict:
     import torch
     import transformers
 
+    from worker.engine.device import tokenize_threads
+
     dev = clf.device
     return {
         "cpu_model": _cpu_model(),
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "tokenize_threads": tokenize_threads(),
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "dtype": clf.dtype_name,

@@ -100,6 +100,30 @@ def pick_threads(requested: int | str, device: torch.device) -> int | None:
     return cpus if cpus < torch.get_num_threads() else None
 
 
+def pick_tokenize_threads(requested: int | str) -> int:
+    """Threads that tokenize a window: ``N`` >= 1: N; ``"auto"``: the usable CPUs (``usable_cpus``)."""
+    return usable_cpus() if requested == "auto" else max(1, int(requested))
+
+
+def set_tokenize_threads(n: int) -> None:
+    """Tokenize batches on ``n`` threads (the tokenizers library's Rust pool; 1: the calling thread only).
+
+    Process-wide. The library reads TOKENIZERS_PARALLELISM at every call, RAYON_NUM_THREADS once, when its
+    pool starts: so this is set before anything tokenizes. The worker's reader tokenizes a whole window in
+    one call with the interpreter lock released; on one thread that was a 4,096-ticket window's critical
+    path on a GPU box with idle cores (a fresh worker's first window is not overlapped with a pass)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if n > 1 else "false"
+    if n > 1:
+        os.environ["RAYON_NUM_THREADS"] = str(n)
+
+
+def tokenize_threads() -> int:
+    """The threads batches are tokenized on now, as ``set_tokenize_threads`` left them (for logs and the bench)."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("false", "0", "off", "no", "n", "f"):
+        return 1
+    return int(os.environ.get("RAYON_NUM_THREADS") or 0) or usable_cpus()
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}[dtype]
 

@@ -74,6 +74,7 @@ def start(settings, *, drain: bool) -> Started | int:
 
 def _load_model(settings, log):
     from worker.assemble import build_classifier
+    from worker.engine.device import tokenize_threads
     from worker.logs import route_transformers_logs
 
     route_transformers_logs()
@@ -89,6 +90,7 @@ def _load_model(settings, log):
         prefix_tokens=clf.prefix_length,
         load_ms=round((time.perf_counter() - t0) * 1000),
         torch_threads=_torch_threads(),
+        tokenize_threads=tokenize_threads(),
     )
     prometheus.current().set_model(
         model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, consumer=settings.consumer
