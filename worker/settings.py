@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     cuda_graphs: bool = Field(
         True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only)."
     )
+    cuda_graph_warm_up: bool = Field(
+        True,
+        description="Capture the CUDA graphs of full passes at start-up (about 10 shapes, before worker_ready), not "
+        "in the first busy windows.",
+    )
     scorer: Literal["auto", "prompt", "head"] = Field(
         "auto",
         description="'prompt' = label-token scoring (causal LM only); 'head' = the head in head_path; auto = "

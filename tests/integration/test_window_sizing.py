@@ -33,7 +33,9 @@ def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
         TRIAGE_TOKENIZE_THREADS=3,  # not this box's CPU count: the setting, not the default
     )
     r, w = _drain(env, redis_url, "ws", "my invoice {} shows a double charge")
-    assert w.events("model_loaded")[0]["tokenize_threads"] == 3  # the reader tokenizes on the library's pool
+    loaded = w.events("model_loaded")[0]
+    assert loaded["tokenize_threads"] == 3  # the reader tokenizes on the library's pool
+    assert "cuda_graphs_warm_up" in loaded and loaded["cuda_graphs_warm_up"] is None  # no CUDA graphs on a CPU
 
     ready = w.events("worker_ready")[0]
     assert (ready["window_max_items"], ready["window_target_s"], ready["window_probe_items"]) == (64, 0.001, 16)

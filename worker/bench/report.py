@@ -368,5 +368,10 @@ def redis_line(red: dict) -> str:
             if red.get("cuda_graph_captures")
             else ""
         )
+        + (
+            f"; {up['captures']} full-pass shapes captured at its start-up in {up['wall_s']:.2f}s (before worker_ready)"
+            if (up := red.get("cuda_graphs_start_up"))
+            else ""
+        )
         + f"\n  {agree or 'no reference run (needs the few-shot prompt)'}"
     )

@@ -43,6 +43,11 @@ class Framing:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
+    @property
+    def max_row(self) -> int:
+        """The longest row a ticket can make: its ``limit`` tokens framed."""
+        return len(self.template.lead_ids) + self.limit + len(self.template.tail_ids)
+
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return self.encode(texts)
 

@@ -81,6 +81,7 @@ def _load_model(settings, log):
     t0 = time.perf_counter()
     clf = build_classifier(settings)
     clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
+    graphs = _warm_graphs(clf, log) if settings.cuda_graph_warm_up else None
     log.info(
         "model_loaded",
         model=clf.model_name,
@@ -91,11 +92,24 @@ def _load_model(settings, log):
         load_ms=round((time.perf_counter() - t0) * 1000),
         torch_threads=_torch_threads(),
         tokenize_threads=tokenize_threads(),
+        cuda_graphs_warm_up=graphs,
     )
     prometheus.current().set_model(
         model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, consumer=settings.consumer
     )
     return clf
+
+
+def _warm_graphs(clf, log) -> dict | None:
+    """Capture the full-pass CUDA graphs now (None: no graphs here). Only a speed-up: a failure is logged and
+    the worker starts anyway, capturing shapes on first use as it would without the warm-up."""
+    from worker.engine import graph_warmup
+
+    try:
+        return graph_warmup.warm_up(clf)
+    except Exception as e:  # noqa: BLE001
+        log.warning("cuda_graph_warm_up_failed", error=f"{type(e).__name__}: {e}", action="capturing on first use")
+        return None
 
 
 def _torch_threads() -> int:

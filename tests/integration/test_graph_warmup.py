@@ -1,0 +1,110 @@
+"""Start-up capture of full-pass CUDA graphs (``engine/graph_warmup.py``).
+
+On the CPU: the shapes listed are the ones the planner's full passes meet on a long-tailed workload, each
+synthetic pass replays at its shape, and the warm-up runs one pass per shape through the classifier's own
+path (a stand-in runner: capture is CUDA only). The ``cuda`` test captures for real (bench/gpu.sh stage 1).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.integration.test_packed import TEXTS, make
+from worker.bench import workload
+from worker.engine.graph_warmup import full_pass_shapes, lengths_for, warm_up
+from worker.engine.graphs import shape_for
+from worker.engine.loader import load_model
+from worker.engine.packed import Layout
+
+GPU_CAPS = {"pass_max_items": 2048, "pass_max_tokens": 32768}  # assemble.GPU_PASS_DEFAULTS
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(str(tiny_model_dir), torch.device("cpu"), torch.float32, tiny_model_dir / "cache")
+
+
+def _shape(items, indices):
+    return shape_for(Layout.build([len(items[i].ids) for i in indices]))
+
+
+def test_the_listed_shapes_are_those_of_the_planners_full_passes(loaded):
+    """Windows of 4,096 long-tailed tickets under the GPU caps: every pass the token cap filled has a listed shape."""
+    clf = make(loaded, attention="packed", **GPU_CAPS)
+    items = clf.prepare_valid(list(workload.synthetic(12_288, 0).texts))
+    listed = set(full_pass_shapes(GPU_CAPS["pass_max_tokens"], GPU_CAPS["pass_max_items"], clf.framing.max_row))
+    full, partial = set(), set()
+    for start in range(0, len(items), 4096):
+        window = items[start : start + 4096]
+        for p in clf.plan(window):
+            full_pass = p.real_tokens > GPU_CAPS["pass_max_tokens"] - clf.framing.max_row
+            (full if full_pass else partial).add(_shape(window, p.indices))
+    assert len(full) >= 5 and full <= listed  # the ladder covers what a busy worker runs
+    assert len(listed) <= 12  # and stays small: ~4 forwards of a full pass each, at start-up
+
+
+@pytest.mark.parametrize("max_tokens, max_items, max_row", [(32768, 2048, 530), (4096, 256, 300), (512, 16, 120)])
+def test_each_synthetic_pass_replays_at_its_shape_within_the_caps(max_tokens, max_items, max_row):
+    made = 0
+    for shape in full_pass_shapes(max_tokens, max_items, max_row):
+        lengths = lengths_for(shape, max_row, max_items)
+        if lengths is None:
+            continue
+        made += 1
+        assert shape_for(Layout.build(lengths)) == shape
+        assert len(lengths) <= max_items and max(lengths) <= max_row
+    assert made >= 3
+
+
+def test_warm_up_runs_one_synthetic_pass_per_listed_shape(loaded, monkeypatch):
+    clf = make(loaded, attention="packed", pass_max_items=16, pass_max_tokens=512)
+    items = clf.prepare_valid(TEXTS)
+    before = clf.classify(items)[0]
+    assert warm_up(clf) is None  # no CUDA graphs on the CPU: nothing runs
+    launched = []
+    launch = clf.launch_pass
+    monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: launched.append(chunk) or launch(chunk, **kw))
+    eager = SimpleNamespace(layout_for=lambda layout: layout, run=lambda *a: None)  # never captures: runs eagerly
+    monkeypatch.setattr(clf, "graph_runner", lambda: eager)
+    got = warm_up(clf)
+    o, max_row = clf.options, clf.framing.max_row
+    want = [s for s in full_pass_shapes(o.pass_max_tokens, o.pass_max_items, max_row) if lengths_for(s, max_row, 16)]
+    shapes = [shape_for(Layout.build([len(p.ids) for p in chunk])) for chunk in launched]
+    assert sorted(shapes) == sorted(want) and got["passes"] == len(want) >= 3
+    assert clf.classify(items)[0] == before  # the synthetic passes leave no trace in real answers
+
+
+def test_a_failing_warm_up_does_not_stop_the_worker(monkeypatch):
+    """Only a speed-up: the worker logs why and starts, capturing shapes on first use."""
+    from worker.engine import graph_warmup
+    from worker.stream import startup
+
+    def oom(clf):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(graph_warmup, "warm_up", oom)
+    warned = []
+    log = SimpleNamespace(warning=lambda event, **kw: warned.append((event, kw)))
+    assert startup._warm_graphs(object(), log) is None
+    assert warned and warned[0][0] == "cuda_graph_warm_up_failed" and "out of memory" in warned[0][1]["error"]
+
+
+@cuda
+def test_cuda_warm_up_captures_full_passes_before_the_first_window(tiny_model_dir):
+    loaded = load_model(str(tiny_model_dir), torch.device("cuda"), torch.float16, tiny_model_dir / "cache")
+    clf = make(loaded, attention="auto", pass_max_items=64, pass_max_tokens=2048)
+    assert clf.attention == "packed" and clf.attention_kernel == "flash"
+    got = warm_up(clf)
+    runner = clf.graph_runner()
+    assert runner is not None and runner.enabled and got["captures"] == runner.captures == got["passes"] >= 3
+    warmed = set(runner.graphs)
+    items = clf.prepare_valid(list(workload.synthetic(600, 0).texts))
+    clf.classify(items)
+    new = set(runner.graphs) - warmed
+    full = [p for p in clf.plan(items) if p.real_tokens > 2048 - clf.framing.max_row]
+    assert full and runner.captures == got["captures"] + len(new)
+    assert len(new) < len({_shape(items, p.indices) for p in clf.plan(items)})  # full passes found theirs warm
