@@ -217,6 +217,20 @@ def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
     assert [b["jobs"] for b in _log_events(h, "rq_batch")] == [3]
 
 
+def test_batch_cap_is_the_stream_workers_window_cap_on_every_device():
+    """256 jobs on a CPU, 4,096 on CUDA when TRIAGE_WINDOW_MAX_ITEMS is unset (assemble.window_max_items)."""
+    import torch
+
+    from worker.settings import Settings
+
+    def cap(settings, device):
+        return BatchWorker.batch_max_items(SimpleNamespace(settings=settings, clf=SimpleNamespace(device=device)))
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert (cap(Settings(), cpu), cap(Settings(), gpu)) == (256, 4096)
+    assert cap(Settings(window_max_items=8), gpu) == 8  # set by the user: taken as it is
+
+
 def test_plain_rq_worker_runs_classify_loading_the_model_once(rq_setup, monkeypatch):
     h, q = rq_setup, rq_setup.queue
     for k, v in h.env.items():

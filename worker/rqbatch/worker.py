@@ -94,18 +94,24 @@ class BatchWorker(BaseWorker):
             dtype=self.clf.dtype_name,
             load_s=round(time.perf_counter() - t0, 2),
             queues=self.queue_names(),
-            window_max_items=self.settings.window_max_items,
+            window_max_items=self.batch_max_items(),
             max_wait_ms=self.settings.max_wait_ms,
         )
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
         super().bootstrap(logging_level, **kwargs)
+
+    def batch_max_items(self) -> int:
+        """Jobs per batch at most: the stream worker's window cap (TRIAGE_WINDOW_MAX_ITEMS, or its CUDA default)."""
+        from worker.assemble import window_max_items
+
+        return window_max_items(self.settings, self.clf.device)
 
     # -------------------------------------------------------------- a batch
     def execute_job(self, job: Job, queue: Queue) -> None:
         """RQ hands over one job; run it together with whatever else is queued."""
         self.set_state(WorkerStatus.BUSY)  # from here a SIGTERM means: finish this batch, then stop
         t0 = time.perf_counter()
-        limit = self.settings.window_max_items
+        limit = self.batch_max_items()
         if self._jobs_left is not None:
             limit = max(1, min(limit, self._jobs_left))
         batch = [(job, queue)]
