@@ -10,6 +10,10 @@ do not leak into the copy.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
 import pytest
 
 from tests.integration.chaos.hostile import hostile_cases
@@ -100,3 +104,27 @@ def test_the_copy_ignores_the_shared_tokenizers_later_settings(tokenizer):
     finally:
         backend.no_truncation()
         backend.no_padding()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_after_the_pool_ran_tokenizes_on_its_own_thread(monkeypatch):
+    """The pool's threads do not survive a fork: without the guard this child waits forever in its first encode."""
+    encode = ticket_encoder(build_tokenizer())
+    texts = [f"refund order {i}, it never arrived" for i in range(2000)]
+    for var in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):
+        monkeypatch.setenv(var, "")
+    set_tokenize_threads(2)
+    want = encode(texts)  # the pool has run in this process
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it tokenized, on one thread, and stays on one
+        code = 1
+        try:
+            signal.alarm(30)
+            set_tokenize_threads(4)
+            code = 0 if encode(texts) == want and tokenize_threads() == 1 else 3
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status} (SIGALRM = hung)"
+    assert tokenize_threads() == 2  # the parent keeps its pool

@@ -112,9 +112,31 @@ def set_tokenize_threads(n: int) -> None:
     pool starts: so this is set before anything tokenizes. The worker's reader tokenizes a whole window in
     one call with the interpreter lock released; on one thread that was a 4,096-ticket window's critical
     path on a GPU box with idle cores (a fresh worker's first window is not overlapped with a pass)."""
+    if n > 1 and _pool_lost_by_fork:
+        n = 1
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if n > 1 else "false"
     if n > 1:
         os.environ["RAYON_NUM_THREADS"] = str(n)
+        _guard_forks()
+
+
+_pool_lost_by_fork = False
+
+
+@lru_cache(maxsize=1)
+def _guard_forks() -> None:
+    """A child forked after the pool started (RQ's forking Worker, a preloaded parent) inherits the pool's
+    bookkeeping but none of its threads: a parallel encode there waits forever (seen here). The library
+    turns its pool off in such a child only while TOKENIZERS_PARALLELISM is unset, and the worker sets it,
+    so a forked child of this process tokenizes on its calling thread."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked)
+
+
+def _forked() -> None:
+    global _pool_lost_by_fork
+    _pool_lost_by_fork = True
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def tokenize_threads() -> int:
