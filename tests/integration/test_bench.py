@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -292,7 +293,9 @@ def test_graph_warm_up_runs_one_pass_of_each_shape_the_timed_runs_will_meet(tiny
     launched = []
     launch = clf.launch_pass
     monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: launched.append(chunk) or launch(chunk, **kw))
-    eager = SimpleNamespace(layout_for=lambda layout: layout, run=lambda *a: None)  # never captures: runs eagerly
+    eager = SimpleNamespace(  # never captures: runs eagerly
+        layout_for=lambda layout: layout, run=lambda *a: None, capturing_at_first_sight=nullcontext
+    )
     monkeypatch.setattr(clf, "graph_runner", lambda: eager)
     got = warm_up(clf, items)
     index = {id(p): i for i, p in enumerate(items)}

@@ -420,10 +420,11 @@ def test_cuda_packed_with_graphs_agrees_with_padded(tiny_model_dir, task):
         clf = make(loaded, task, attention="auto", pass_max_items=8, pass_max_tokens=4096)
         assert clf.attention == "packed"
         items = clf.prepare_valid(TEXTS * 3)
-        packed = clf.classify(items)[0]
-        again = clf.classify(items)[0]  # second time: graph replays
+        packed = clf.classify(items)[0]  # first sight of each shape: eager
+        again = clf.classify(items)[0]  # second: captured, checked against an eager run
+        third = clf.classify(items)[0]  # then replayed
         padded = clf.classify(items, attention="padded")[0]
-        assert max_delta(packed, padded) < tol and max_delta(again, packed) < tol
+        assert max_delta(packed, padded) < tol and max_delta(again, packed) < tol and max_delta(third, packed) < tol
         if dtype == torch.float32:
             assert clf.attention_kernel == "torch" and labels(packed) == labels(padded)
         else:

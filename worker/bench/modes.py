@@ -253,6 +253,7 @@ def graph_stats(clf) -> dict | None:
         "replays": runner.replays,
         "shapes": len(runner.graphs),
         "capture_s": round(runner.capture_s, 3),
+        "eager_new_shape": runner.sightings.eager,  # passes run eagerly on a shape's first sight
     }
 
 
@@ -282,6 +283,7 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
         for b in passes:
             shapes.setdefault(shape_for(Layout.build([len(items[i].ids) for i in b.indices])), b)
     t0 = time.perf_counter()
-    for _ in clf.classify_passes(items, list(shapes.values())):
-        pass
+    with clf.graph_runner().capturing_at_first_sight():  # one pass per shape: capture it now, not when it comes back
+        for _ in clf.classify_passes(items, list(shapes.values())):
+            pass
     return {"wall_s": round(time.perf_counter() - t0, 3), "passes": len(shapes), **(graph_stats(clf) or {})}

@@ -6,9 +6,10 @@ shape is captured on first use: about four forwards of that pass. Under load alm
 few shapes: rows no longer than L (a power of two) fill ``max_tokens`` with between max_tokens/L and
 about 4 * max_tokens/L of them. ``full_pass_shapes`` lists those; ``warm_up`` runs one synthetic pass
 of each through the classifier's own path, so each is captured and checked before ``worker_ready``,
-as serving engines capture their batch sizes at start-up. A window's last (partial) pass still
-captures on first use, and so do passes the ladder misses (the rows of a joined encoder's passes
-also count the encoder's tokens). Nothing runs where no graphs are used (CPU, MPS, eager kernels).
+as serving engines capture their batch sizes at start-up. Other shapes (a window's last, partial
+pass; a run of rows all within a token or two of L, which dense traffic at small caps makes; a joined
+encoder's passes, whose rows also count the encoder's tokens) are captured when they come back
+(``graphs.Sightings``). Nothing runs where no graphs are used (CPU, MPS, eager kernels).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ def full_pass_shapes(max_tokens: int, max_items: int, max_row: int) -> list[tupl
     """(tokens, rows, longest) of the passes the token cap fills, for rows of at most ``max_row`` tokens.
 
     Rows of a full pass are a sorted run: its longest row sets L; a run whose rows are all in (L/2, L]
-    has ``max_tokens/L`` to ``2 * max_tokens/L`` rows, and one that starts below L/2 (a run across a
-    power of two) up to twice that again. Item-capped passes (rows averaging under max_tokens/max_items
-    tokens) are left out: their token count follows the traffic."""
+    has more than ``max_tokens/L`` and up to ``2 * max_tokens/L`` rows, and one that starts below L/2
+    (a run across a power of two) up to twice that again. Item-capped passes (rows averaging under
+    max_tokens/max_items tokens) are left out: their token count follows the traffic."""
     shapes = []
     longest, top = MIN_LONGEST, next_pow2(max_row, MIN_LONGEST)
     row_cap = next_pow2(max_items, MIN_ROWS)
@@ -72,8 +73,9 @@ def warm_up(clf) -> dict | None:
             plan.append(Pass(indices, tuple(clf.cost_length(items[i]) for i in indices)))
     before = getattr(runner, "captures", 0)
     t0 = time.perf_counter()
-    for _ in clf.classify_passes(items, plan):
-        pass
+    with runner.capturing_at_first_sight():
+        for _ in clf.classify_passes(items, plan):
+            pass
     return {
         "passes": len(plan),
         "captures": getattr(runner, "captures", 0) - before,

@@ -5,7 +5,10 @@ captured graph is one. Packed passes have three sizes that vary (tokens, rows, l
 row), so each is rounded up to a small ladder of values (``shape_for``): tokens to a
 step of about 1/8 of their power of two (<= 12.5% extra tokens, which are outside every
 row and cost only their MLP work), rows and longest row to powers of two (extra rows
-are empty: zero-length segments). A pass of a new shape is captured on first use.
+are empty: zero-length segments). A new shape is captured the second time a pass of it
+runs (``Sightings``): capturing and checking costs about four forwards of that pass, which
+a shape met once (a drain's last, partial pass) never pays back; its first pass runs
+eagerly. Warm-ups, which run each shape once to replay it later, capture at first sight.
 
 Every capture is checked before it is trusted: the graph is captured on a synthetic
 layout, then replayed on the real pass and compared with an eager run of that pass.
@@ -18,7 +21,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +33,33 @@ from worker.engine.packed import Layout, PackedCall, call_decoder
 log = logging.getLogger("triage.engine")
 
 MAX_GRAPHS = 32  # distinct shapes captured per classifier; later new shapes run eagerly
+CAPTURE_AT_SIGHT = 2  # a new shape is captured on its second pass (the first runs eagerly)
 CAPTURED_EVENT = "cuda_graph_captured"
+
+
+@dataclass
+class Sightings:
+    """When a shape not captured yet is worth capturing: at its ``capture_at``-th pass. Pure (no CUDA)."""
+
+    capture_at: int = CAPTURE_AT_SIGHT
+    seen: Counter = field(default_factory=Counter)
+    eager: int = 0  # passes run eagerly because their shape was too new
+
+    def capture_now(self, key) -> bool:
+        self.seen[key] += 1
+        if self.seen[key] >= self.capture_at:
+            return True
+        self.eager += 1
+        return False
+
+    @contextmanager
+    def at_first_sight(self) -> Iterator[None]:
+        """Capture every new shape at once while inside (warm-ups: each shape runs once, to be replayed later)."""
+        old, self.capture_at = self.capture_at, 1
+        try:
+            yield
+        finally:
+            self.capture_at = old
 
 
 def round_tokens(n: int) -> int:
@@ -67,7 +99,12 @@ class GraphRunner:
         self.pool = torch.cuda.graph_pool_handle()
         self.captures = 0
         self.replays = 0
+        self.sightings = Sightings()
         self.capture_s = 0.0  # host wall time spent capturing and checking (once per shape per process)
+
+    def capturing_at_first_sight(self):
+        """Context: new shapes are captured on their first pass (``Sightings.at_first_sight``)."""
+        return self.sightings.at_first_sight()
 
     def layout_for(self, layout: Layout) -> Layout:
         if not self.enabled:
@@ -82,7 +119,7 @@ class GraphRunner:
         key = (layout.padded_total, layout.segments, layout.max_len, id(prefix), keep_kv, kernel)
         g = self.graphs.get(key)
         if g is None:
-            if len(self.graphs) >= MAX_GRAPHS:
+            if len(self.graphs) >= MAX_GRAPHS or not self.sightings.capture_now(key):
                 return None
             t0 = time.perf_counter()
             try:
