@@ -9,6 +9,7 @@
 #   2 verify   `worker verify` on 200 tickets: fp32 (must agree 100%) and
 #              fp16 (flips only near-ties), prompt and head scoring       $OUT/verify-*.{txt,json}
 #   3 bench    few-shot: modes 1-5, mode 5 on all tickets                 $OUT/bench-fewshot.{txt,json}
+#              then up to 24 of mode 5's passes under torch.profiler      $OUT/profile-fewshot.txt
 #   4 bench    zero-shot: modes 1, 3, 5                                   $OUT/bench-zeroshot.{txt,json}
 #   5 sweep    mode 5 over pass caps (few-shot)                           $OUT/bench-sweep.{txt,json}
 #   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) $OUT/bench-redis.{txt,json}
@@ -183,7 +184,7 @@ fi
 # ---- 3-6: the benchmark -----------------------------------------------------------------------------------
 COMMON=(--dtype "$DT" --n "$N" --fixed-batch "$FIXED" --gemm-tokens "$GEMM" --sequential-n "$SEQ_N" --baseline-n "$BASE_N")
 want 3 && run bench-fewshot "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 1,2,3,4,5 \
-  --json "$OUT/bench-fewshot.json" --plot "$OUT/bench-fewshot.png" "${EXTRA[@]}"
+  --json "$OUT/bench-fewshot.json" --plot "$OUT/bench-fewshot.png" --profile "$OUT/profile-fewshot.txt" "${EXTRA[@]}"
 want 4 && run bench-zeroshot "${BENCH[@]}" "${COMMON[@]}" --prompt zero-shot --modes 1,3,5 \
   --json "$OUT/bench-zeroshot.json" "${EXTRA[@]}"
 want 5 && run bench-sweep "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --sweep \

@@ -71,6 +71,8 @@ def _run_bench(out, tiny_model_dir):
             str(out / "b.json"),
             "--plot",
             str(out / "b.png"),
+            "--profile",
+            str(out / "profile.txt"),
             "--no-progress",
         ]
     )
@@ -125,6 +127,16 @@ def test_json_has_hardware_workload_gemm_and_a_png(bench_doc):
         "down",
     ]
     assert (out / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_runs_mode5s_passes_after_the_timed_runs_of_the_first_prompt(bench_doc):
+    doc, out = bench_doc
+    prof = doc["runs"][0]["profile"]
+    m5 = next(m for m in doc["runs"][0]["modes"] if m["key"] == "bucketed_cached")
+    assert "profile" not in doc["runs"][1]  # one prompt is enough to see where the time goes
+    assert 1 <= prof["passes"] <= min(24, m5["passes"]) and prof["kernel_launches"] == 0  # CPU: no launches
+    text = (out / "profile.txt").read_text()
+    assert "by own host time" in text and "aten::" in text and "by own device time" not in text
 
 
 def test_flop_counts_follow_the_documented_formula(tiny_model_dir):

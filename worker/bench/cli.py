@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="OUT", help="write every figure as JSON (keys: docs/benchmark.md)")
     o.add_argument("--plot", metavar="OUT_PNG", help="throughput, padding and length-histogram figure")
+    o.add_argument(
+        "--profile",
+        metavar="OUT_TXT",
+        help="after the timed runs, mode 5's passes (first prompt) once more under torch.profiler: op tables "
+        "by device and host time, launches per pass (not timings)",
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -286,6 +292,10 @@ def _run(
         doc["runs"].append(entry)
         if args.json:  # as it goes: a run cut short by a time limit still leaves every finished prompt
             report.write_json(args.json, {**doc, "complete": False, "total_s": time.perf_counter() - t_start})
+        if getattr(args, "profile", None) and "bucketed_cached" in runs and len(doc["runs"]) == 1:
+            from worker.bench.profile import profile_passes
+
+            entry["profile"] = profile_passes(clf, items, runs["bucketed_cached"].passes, args.profile)
     if getattr(args, "backbones", None):
         from worker.bench import backbones as bb
 
