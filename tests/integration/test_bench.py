@@ -186,6 +186,7 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
 
     from worker.bench.modes import MODES, run_mode
     from worker.bench.redis_mode import run_redis
+    from worker.bench.report import redis_line
     from worker.engine.task import default_task
     from worker.settings import Settings
 
@@ -198,6 +199,8 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     assert out["results"] == 5 and out["dead_lettered"] == 0 and out["worker_windows"] == 2  # windows of 4 + 1
     assert out["agreement"]["sequential"]["label_agreement"] == 1.0
     assert out["items_per_s"] > 0 and 0 < out["infer_s"] <= out["wall_s"] and 0 <= out["queue_overhead_pct"] < 100
+    assert 0 < out["first_window_s"] <= out["read_s"] + out["tokenize_s"]  # one of the two windows'
+    assert out["cuda_graphs_start_up"] is None and "first window read + tokenized" in redis_line(out)
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))  # cleaned up
 
 

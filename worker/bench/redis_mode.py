@@ -78,6 +78,9 @@ def run_redis(
             write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
             read_s=sum(b.get("read_ms") or 0 for b in batches) / 1000.0,
             queue_overhead_pct=100.0 * (wall_s - infer_s) / wall_s if wall_s > 0 else None,
+            first_window_s=((batches[0].get("read_ms") or 0) + (batches[0].get("tokenize_ms") or 0)) / 1000.0
+            if batches
+            else None,  # read + tokenize before the first pass: nothing to overlap it with yet
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
             cuda_graph_captures=n_captures,

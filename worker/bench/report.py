@@ -359,7 +359,8 @@ def redis_line(red: dict) -> str:
         f"over {red['wall_s']:.1f}s from worker_ready to the "
         f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
         f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
-        f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s; enqueue {red['enqueue_s']:.2f}s; "
+        f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s (first window read + tokenized in "
+        f"{_f(red.get('first_window_s'), 2)}s); enqueue {red['enqueue_s']:.2f}s; "
         f"process {red['process_s']:.1f}s incl. model load; replies parsed by {red.get('redis_parser') or '?'}"
         + (
             f"; {red['cuda_graph_captures']} CUDA graph captures after worker_ready took "
