@@ -8,7 +8,7 @@ path (a stand-in runner: capture is CUDA only). The ``cuda`` test captures for r
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +20,7 @@ from worker.engine.graph_warmup import full_pass_shapes, lengths_for, warm_up
 from worker.engine.graphs import Sightings, shape_for
 from worker.engine.loader import load_model
 from worker.engine.packed import Layout
+from worker.engine.verify import verify
 
 GPU_CAPS = {"pass_max_items": 2048, "pass_max_tokens": 32768}  # assemble.GPU_PASS_DEFAULTS
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -105,6 +106,40 @@ def test_a_new_shape_is_captured_when_it_comes_back():
     with seen.at_first_sight():  # warm-ups
         assert seen.capture_now("c")
     assert not seen.capture_now("d") and seen.capture_at == 2
+
+
+def test_verify_checks_the_answers_cuda_graphs_give(loaded, monkeypatch):
+    """The worker captures a shape when it comes back; verify captures at first sight, so on CUDA every batched
+    answer it checks is a graph replay's (the reference runs outside)."""
+    clf = make(loaded, attention="packed")
+    items = clf.prepare_valid(TEXTS)
+    ids = [str(i) for i in range(len(items))]
+    report = verify(clf, items, ids)
+    assert report.cuda_graph_passes is None and report.agreement_pct == 100.0  # CPU: no graphs; fp32: exact
+    inside: list[bool] = []
+    launched: list[bool] = []
+
+    @contextmanager
+    def first_sight():
+        inside.append(True)
+        yield
+        inside.append(False)
+
+    launch = clf.launch_pass
+    monkeypatch.setattr(clf, "launch_pass", lambda c, *a, **kw: launched.append(inside[-1]) or launch(c, *a, **kw))
+    runner = SimpleNamespace(  # never captures: runs eagerly
+        layout_for=lambda layout: layout,
+        run=lambda *a: None,
+        capturing_at_first_sight=first_sight,
+        captures=0,
+        replays=0,
+    )
+    monkeypatch.setattr(clf, "graph_runner", lambda: runner)
+    inside.append(False)
+    report = verify(clf, items, ids)
+    n = report.passes  # the batched passes, then one reference pass per ticket
+    assert launched[:n] == [True] * n and not any(launched[n:]) and n > 1 and len(launched) == n + len(items)
+    assert report.cuda_graph_passes == 0 and report.agreement_pct == 100.0
 
 
 @cuda

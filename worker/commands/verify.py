@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     print(
         f"model {settings.model}  device {report.device}  dtype {report.dtype}  "
-        f"prefix cache {'on' if report.prefix_cache else 'off'}  attention {report.attention}",
+        f"prefix cache {'on' if report.prefix_cache else 'off'}  attention {report.attention}"
+        + (f"  CUDA graph passes {report.cuda_graph_passes}" if report.cuda_graph_passes is not None else ""),
         file=out,
     )
     print(

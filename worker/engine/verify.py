@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 from worker.engine.classifier import Classifier
@@ -39,6 +40,9 @@ class VerifyReport:
     speedup: float
     disagreements: list[Disagreement] = field(default_factory=list)
     attention: str = "padded"  # the production path checked: "padded" or "packed" (the reference is always padded)
+    # passes answered by CUDA graph replays (None: no graphs here). The worker captures a shape when it comes back;
+    # verify captures at first sight, so the answers it checks are the replays a busy worker gives.
+    cuda_graph_passes: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,9 +65,14 @@ def verify(
     ids: Sequence[str],
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
+    runner = clf.graph_runner()  # CUDA graphs (None elsewhere): every pass checked here comes from one
+    graph_passes = -(runner.captures + runner.replays) if runner is not None else None
     t0 = time.perf_counter()
-    batched, stats = clf.classify(items)
+    with runner.capturing_at_first_sight() if runner is not None else nullcontext():
+        batched, stats = clf.classify(items)
     t_batched = time.perf_counter() - t0
+    if runner is not None:
+        graph_passes += runner.captures + runner.replays
 
     t0 = time.perf_counter()
     reference = []
@@ -98,4 +107,5 @@ def verify(
         speedup=b_rate / r_rate if r_rate else float("inf"),
         disagreements=disagreements,
         attention=clf.attention,
+        cuda_graph_passes=graph_passes,
     )
