@@ -124,6 +124,21 @@ def test_per_pass_records_feed_pass_tokens_and_durations():
     assert v("triage_batch_inference_duration_seconds_sum") == pytest.approx(0.135)
 
 
+def test_cuda_graph_series_exist_only_where_graphs_do_and_count_from_the_totals():
+    m = PrometheusMetrics(CollectorRegistry())
+    v = m.registry.get_sample_value
+    m.on_graphs(None)  # CPU: no graphs, no series (a 0 here would read as "turned off")
+    assert v("triage_cuda_graphs_enabled") is None and v("triage_cuda_graph_replays_total") is None
+    totals = {"enabled": True, "captures": 10, "replays": 40, "shapes": 10, "capture_s": 4.2, "eager_new_shape": 3}
+    m.on_graphs(totals)
+    m.on_graphs({**totals, "replays": 95, "captures": 11, "shapes": 11, "eager_new_shape": 5})  # running totals
+    assert v("triage_cuda_graphs_enabled") == 1 and v("triage_cuda_graph_shapes") == 11
+    assert v("triage_cuda_graph_replays_total") == 95 and v("triage_cuda_graph_captures_total") == 11
+    assert v("triage_cuda_graph_eager_passes_total") == 5
+    m.on_graphs({**totals, "enabled": False, "replays": 95, "captures": 11, "shapes": 0, "eager_new_shape": 5})
+    assert v("triage_cuda_graphs_enabled") == 0 and v("triage_cuda_graph_replays_total") == 95  # off: alert on this
+
+
 def test_phase_is_one_hot_and_unknown_phases_do_not_raise():
     m = PrometheusMetrics(CollectorRegistry())
     m.set_phase("inferring")
@@ -140,6 +155,7 @@ def test_metrics_off_hooks_accept_the_same_calls():
     off.set_model(model="m", device="cpu", dtype="fp32", consumer="c")
     _feed(off, [(2, 8, 1.0)])
     off.reconnected()
+    off.on_graphs({"enabled": True, "captures": 1, "replays": 1, "shapes": 1, "capture_s": 0.1, "eager_new_shape": 0})
     assert not off.enabled
 
 

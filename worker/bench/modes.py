@@ -244,17 +244,7 @@ def run_sweep(
 def graph_stats(clf) -> dict | None:
     """CUDA graphs of the packed path: shapes captured, replays, capture time, and whether they stayed on
     (None: not used)."""
-    runner = getattr(clf, "_graphs", None)
-    if runner is None:
-        return None
-    return {
-        "enabled": runner.enabled,
-        "captures": runner.captures,
-        "replays": runner.replays,
-        "shapes": len(runner.graphs),
-        "capture_s": round(runner.capture_s, 3),
-        "eager_new_shape": runner.sightings.eager,  # passes run eagerly on a shape's first sight
-    }
+    return clf.graph_stats() if hasattr(clf, "graph_stats") else None
 
 
 def warm_up(clf, items: Sequence) -> dict | None:

@@ -294,6 +294,10 @@ class Classifier:
             return fwd
         return join_encoder(fwd, self.encoder, self.aux_framing.pad_id, items)
 
+    def graph_stats(self) -> dict | None:
+        """CUDA graph totals (``GraphRunner.stats``), also after graphs were turned off; None where none were made."""
+        return self._graphs.stats() if self._graphs is not None else None
+
     def graph_runner(self):
         """The CUDA-graph runner of packed passes (CUDA, flash kernel, ``cuda_graphs`` on), else None."""
         if not (self.options.cuda_graphs and self.device.type == "cuda" and self.attention_kernel == "flash"):

@@ -102,6 +102,17 @@ class GraphRunner:
         self.sightings = Sightings()
         self.capture_s = 0.0  # host wall time spent capturing and checking (once per shape per process)
 
+    def stats(self) -> dict:
+        """Running totals for logs, metrics and the bench (``enabled`` false: graphs were turned off)."""
+        return {
+            "enabled": self.enabled,
+            "captures": self.captures,
+            "replays": self.replays,
+            "shapes": len(self.graphs),
+            "capture_s": round(self.capture_s, 3),
+            "eager_new_shape": self.sightings.eager,  # passes run eagerly on their shape's first sight
+        }
+
     def capturing_at_first_sight(self):
         """Context: new shapes are captured on their first pass (``Sightings.at_first_sight``)."""
         return self.sightings.at_first_sight()

@@ -9,7 +9,7 @@ a *pass*; a *window* (one drain of the stream) has no TEI counterpart and is nam
 ``triage_window_*``. docs/worker.md lists every metric with PromQL.
 
 The loop only calls a few hooks (``set_model``, ``set_phase``, ``reconnected``, ``on_pass``,
-``on_written``, ``on_window``) on ``current()``; with metrics off that is the no-op ``Metrics`` and
+``on_written``, ``on_window``, ``on_graphs``) on ``current()``; with metrics off that is the no-op ``Metrics`` and
 ``prometheus_client`` is never imported. Neither torch nor Redis is imported here.
 """
 
@@ -74,6 +74,9 @@ class Metrics:
         pass
 
     def on_window(self, m: Any) -> None:
+        pass
+
+    def on_graphs(self, stats: dict | None) -> None:
         pass
 
 
@@ -175,6 +178,8 @@ class PrometheusMetrics(Metrics):
             "Unix time the current phase began (alert on time() - this while inferring).",
         )
         self.model_info = Info("triage_model", "The model this worker serves and where it runs.", registry=registry)
+        self._graphs: dict | None = None  # CUDA graph series, made on the first totals (none off CUDA)
+        self._graph_totals: dict = {}
         self._phase: str | None = None
         self._server = None
         self.set_phase("starting")
@@ -252,6 +257,34 @@ class PrometheusMetrics(Metrics):
             self.queue_size.set(m.backlog)
         if m.pending is not None:
             self.queue_pending.set(m.pending)
+
+    def on_graphs(self, stats: dict | None) -> None:
+        """After each window: the classifier's CUDA graph totals (``GraphRunner.stats``). None (no graphs on this
+        device) makes no series; ``triage_cuda_graphs_enabled`` 0 means capture or a replay check failed and every
+        pass now runs eagerly, several times slower: worth an alert."""
+        if stats is None:
+            return
+        if self._graphs is None:
+            from prometheus_client import Counter, Gauge
+
+            r = self.registry
+            self._graphs = {
+                "enabled": Gauge(
+                    "triage_cuda_graphs_enabled", "1: packed passes replay CUDA graphs; 0: turned off.", registry=r
+                ),
+                "shapes": Gauge("triage_cuda_graph_shapes", "Pass shapes captured as CUDA graphs.", registry=r),
+                "replays": Counter("triage_cuda_graph_replays", "Passes run by a CUDA graph replay.", registry=r),
+                "captures": Counter("triage_cuda_graph_captures", "Pass shapes captured (and checked).", registry=r),
+                "eager_new_shape": Counter(
+                    "triage_cuda_graph_eager_passes", "Passes run eagerly on their shape's first sight.", registry=r
+                ),
+            }
+        g = self._graphs
+        g["enabled"].set(1 if stats["enabled"] else 0)
+        g["shapes"].set(stats["shapes"])
+        for k in ("replays", "captures", "eager_new_shape"):
+            g[k].inc(max(0, stats[k] - self._graph_totals.get(k, 0)))
+            self._graph_totals[k] = stats[k]
 
 
 _current: Metrics = Metrics()

@@ -262,6 +262,7 @@ class _Loop:
             self.summary.add(m)
         self.log.info("window", **m.line())
         prometheus.current().on_window(m)
+        prometheus.current().on_graphs(self.clf.graph_stats())
         self.reader.settled(job.window)
 
     def _drop(self, w: Window) -> None:
@@ -280,7 +281,8 @@ class _Loop:
         with self._summary_lock:
             line = self.summary.take(now) if force or self.summary.due(now) else None
         if line is not None:
-            self.log.info("summary", **line)
+            graphs = self.clf.graph_stats()  # None off CUDA
+            self.log.info("summary", **line, **({"cuda_graphs": graphs} if graphs is not None else {}))
 
     def _commit(self, outcome: Outcome, w: Window) -> Outcome | None:
         """Write + ack what is still ours; on Redis errors retry (forever, capped backoff).
