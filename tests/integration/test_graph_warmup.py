@@ -84,7 +84,7 @@ def test_warm_up_runs_one_synthetic_pass_per_listed_shape(loaded, monkeypatch):
 
 
 def test_a_failing_warm_up_does_not_stop_the_worker(monkeypatch):
-    """Only a speed-up: the worker logs why and starts, capturing shapes on first use."""
+    """Only a speed-up: the worker logs why and starts, capturing shapes as they come."""
     from worker.engine import graph_warmup
     from worker.stream import startup
 

@@ -260,7 +260,7 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
     """Where packed passes replay CUDA graphs: one pass of every graph shape in ``plans``, before timing.
 
     A new shape is captured (and checked against an eager run) once per process, which a long-running
-    worker pays in its first windows and never again. The timed modes then measure the steady state;
+    worker pays when a shape comes back and never again. The timed modes then measure the steady state;
     what the captures cost is returned and reported, not hidden. None where no graphs are used.
     """
     if clf.graph_runner() is None:

@@ -162,7 +162,7 @@ def log_events(text: str) -> list[dict]:
 def graph_captures(events: list[dict], after_ms: int) -> tuple[int, float]:
     """CUDA graphs the worker captured after ``after_ms`` (its ``worker_ready``): how many, and their seconds.
 
-    Each capture is logged once (``engine/graphs.py``); a long-running worker pays them in its first windows."""
+    Each capture is logged once (``engine/graphs.py``); a long-running worker pays them once per shape."""
     from worker.engine.graphs import CAPTURED_EVENT
 
     late = [e for e in events if e.get("event") == CAPTURED_EVENT and (event_ms(e) or 0) > after_ms]

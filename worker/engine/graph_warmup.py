@@ -1,15 +1,16 @@
 """CUDA graphs of full passes, captured at start-up instead of in a fresh worker's first busy windows.
 
-A packed pass replays a graph per shape (``graphs.shape_for``: tokens, rows, longest row), and a new
-shape is captured on first use: about four forwards of that pass. Under load almost every pass is
-*full* (the planner fills each up to the token cap, shortest tickets first), and full passes come in
-few shapes: rows no longer than L (a power of two) fill ``max_tokens`` with between max_tokens/L and
-about 4 * max_tokens/L of them. ``full_pass_shapes`` lists those; ``warm_up`` runs one synthetic pass
-of each through the classifier's own path, so each is captured and checked before ``worker_ready``,
-as serving engines capture their batch sizes at start-up. Other shapes (a window's last, partial
-pass; a run of rows all within a token or two of L, which dense traffic at small caps makes; a joined
-encoder's passes, whose rows also count the encoder's tokens) are captured when they come back
-(``graphs.Sightings``). Nothing runs where no graphs are used (CPU, MPS, eager kernels).
+A packed pass replays a graph per shape (``graphs.shape_for``: tokens, rows, longest row); capturing
+a shape costs about four forwards of its pass, paid in the serving path when the shape is met (on its
+second pass, ``graphs.Sightings``). Under load almost every pass is *full* (the planner fills each up
+to the token cap, shortest tickets first), and full passes come in few shapes: rows no longer than L
+(a power of two) fill ``max_tokens`` with between max_tokens/L and about 4 * max_tokens/L of them.
+``full_pass_shapes`` lists those; ``warm_up`` runs one synthetic pass of each through the classifier's
+own path, so each is captured and checked before ``worker_ready``, as serving engines capture their
+batch sizes at start-up. Other shapes (a window's last, partial pass; a run of rows all within a token
+or two of L, which dense traffic at small caps makes; a joined encoder's passes, whose rows also count
+the encoder's tokens) are captured when they come back.
+Nothing runs where no graphs are used (CPU, MPS, eager kernels).
 """
 
 from __future__ import annotations

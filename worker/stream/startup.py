@@ -102,13 +102,13 @@ def _load_model(settings, log):
 
 def _warm_graphs(clf, log) -> dict | None:
     """Capture the full-pass CUDA graphs now (None: no graphs here). Only a speed-up: a failure is logged and
-    the worker starts anyway, capturing shapes on first use as it would without the warm-up."""
+    the worker starts anyway, capturing shapes when they come back as it would without the warm-up."""
     from worker.engine import graph_warmup
 
     try:
         return graph_warmup.warm_up(clf)
     except Exception as e:  # noqa: BLE001
-        log.warning("cuda_graph_warm_up_failed", error=f"{type(e).__name__}: {e}", action="capturing on first use")
+        log.warning("cuda_graph_warm_up_failed", error=f"{type(e).__name__}: {e}", action="capturing as shapes come")
         return None
 
 
