@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import nullcontext
-from types import SimpleNamespace
 
 import pytest
 
+from tests.graph_standin import stand_in_runner
 from worker.bench import cli, workload
 from worker.bench.gemm import ModelShape, computed_flops, row_flops, work_flops
 from worker.engine import bucketing
@@ -305,13 +304,7 @@ def test_graph_warm_up_runs_one_pass_of_each_shape_the_timed_runs_will_meet(tiny
     planned = [shape(b.indices) for b in clf.plan(items, True)]
     assert len(set(planned)) < len(planned)  # the workload repeats shapes: one pass of each is the point
     assert warm_up(clf, items) is None  # no graphs here: the three small passes only
-    launched = []
-    launch = clf.launch_pass
-    monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: launched.append(chunk) or launch(chunk, **kw))
-    eager = SimpleNamespace(  # never captures: runs eagerly
-        layout_for=lambda layout: layout, run=lambda *a: None, capturing_at_first_sight=nullcontext
-    )
-    monkeypatch.setattr(clf, "graph_runner", lambda: eager)
+    launched = stand_in_runner(clf, monkeypatch)
     got = warm_up(clf, items)
     index = {id(p): i for i, p in enumerate(items)}
     shapes = [shape([index[id(p)] for p in chunk]) for chunk in launched[3:]]  # after the three small passes

@@ -8,12 +8,13 @@ path (a stand-in runner: capture is CUDA only). The ``cuda`` test captures for r
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.graph_standin import stand_in_runner
 from tests.integration.test_packed import TEXTS, make
 from worker.bench import workload
 from worker.engine.graph_warmup import full_pass_shapes, lengths_for, warm_up
@@ -68,13 +69,7 @@ def test_warm_up_runs_one_synthetic_pass_per_listed_shape(loaded, monkeypatch):
     items = clf.prepare_valid(TEXTS)
     before = clf.classify(items)[0]
     assert warm_up(clf) is None  # no CUDA graphs on the CPU: nothing runs
-    launched = []
-    launch = clf.launch_pass
-    monkeypatch.setattr(clf, "launch_pass", lambda chunk, **kw: launched.append(chunk) or launch(chunk, **kw))
-    eager = SimpleNamespace(  # never captures: runs eagerly
-        layout_for=lambda layout: layout, run=lambda *a: None, capturing_at_first_sight=nullcontext
-    )
-    monkeypatch.setattr(clf, "graph_runner", lambda: eager)
+    launched = stand_in_runner(clf, monkeypatch)
     got = warm_up(clf)
     o, max_row = clf.options, clf.framing.max_row
     want = [s for s in full_pass_shapes(o.pass_max_tokens, o.pass_max_items, max_row) if lengths_for(s, max_row, 16)]
@@ -116,8 +111,7 @@ def test_verify_checks_the_answers_cuda_graphs_give(loaded, monkeypatch):
     ids = [str(i) for i in range(len(items))]
     report = verify(clf, items, ids)
     assert report.cuda_graph_passes is None and report.agreement_pct == 100.0  # CPU: no graphs; fp32: exact
-    inside: list[bool] = []
-    launched: list[bool] = []
+    inside = [False]
 
     @contextmanager
     def first_sight():
@@ -125,17 +119,7 @@ def test_verify_checks_the_answers_cuda_graphs_give(loaded, monkeypatch):
         yield
         inside.append(False)
 
-    launch = clf.launch_pass
-    monkeypatch.setattr(clf, "launch_pass", lambda c, *a, **kw: launched.append(inside[-1]) or launch(c, *a, **kw))
-    runner = SimpleNamespace(  # never captures: runs eagerly
-        layout_for=lambda layout: layout,
-        run=lambda *a: None,
-        capturing_at_first_sight=first_sight,
-        captures=0,
-        replays=0,
-    )
-    monkeypatch.setattr(clf, "graph_runner", lambda: runner)
-    inside.append(False)
+    launched = stand_in_runner(clf, monkeypatch, first_sight=first_sight, record=lambda chunk: inside[-1])
     report = verify(clf, items, ids)
     n = report.passes  # the batched passes, then one reference pass per ticket
     assert launched[:n] == [True] * n and not any(launched[n:]) and n > 1 and len(launched) == n + len(items)
