@@ -185,7 +185,7 @@ def _run(
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
-    from worker.bench.modes import MODE_ORDER, MODES, graph_stats, run_modes, run_sweep, warm_up
+    from worker.bench.modes import MODE_ORDER, MODES, run_modes, run_sweep, warm_up
 
     t_start = time.perf_counter()
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
@@ -277,7 +277,7 @@ def _run(
             f"same {len(items)} tickets\n" + report.table(summaries),
             flush=True,
         )
-        _unforeseen(prompt, "modes", warm, timed := graph_stats(clf))
+        _unforeseen(prompt, "modes", warm, timed := clf.graph_stats())
         if sweep:
             with _bar(args, len(items) * len(sweep), f"sweep: {len(sweep)} settings") as bar:
                 sweep_runs, sweep_warm = run_sweep(clf, items, sweep, interleave, bar.update)
@@ -285,7 +285,7 @@ def _run(
                 print(f"[{prompt}] sweep: {_captures_note(sweep_warm, since=timed)} before timing", flush=True)
             entry["sweep"] = report.sweep_rows(sweep, sweep_runs, shape, clf.prefix_length, doc["gemm"], cpu_clock)
             print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
-            _unforeseen(prompt, "sweep", sweep_warm, graph_stats(clf))
+            _unforeseen(prompt, "sweep", sweep_warm, clf.graph_stats())
             entry["cuda_graphs_sweep_warm_up"] = sweep_warm
         entry["cuda_graphs_warm_up"] = warm  # captures before timing (None: no CUDA graphs)
         entry["cuda_graphs"] = timed  # totals after the modes (warm-up included)
@@ -343,7 +343,7 @@ def _run(
 
 
 def _captures_note(stats: dict, since: dict | None = None) -> str:
-    """``stats`` are running totals (``modes.graph_stats``); ``since``: totals before, to count only what is new."""
+    """``stats``: running totals (``Classifier.graph_stats``); ``since``: totals before, to count only what is new."""
     n, s = stats["captures"] - (since or {}).get("captures", 0), stats["capture_s"] - (since or {}).get("capture_s", 0)
     return f"CUDA graphs: {n} pass shapes captured and checked in {s:.2f}s"
 

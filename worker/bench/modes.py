@@ -241,12 +241,6 @@ def run_sweep(
     return runs, warm
 
 
-def graph_stats(clf) -> dict | None:
-    """CUDA graphs of the packed path: shapes captured, replays, capture time, and whether they stayed on
-    (None: not used)."""
-    return clf.graph_stats() if hasattr(clf, "graph_stats") else None
-
-
 def warm_up(clf, items: Sequence) -> dict | None:
     """A small cached and uncached pass: first-call allocations and kernel selection stay out of the timings;
     then ``warm_graphs`` over mode 5's plan."""
@@ -276,4 +270,4 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
     with clf.graph_runner().capturing_at_first_sight():  # one pass per shape: capture it now, not when it comes back
         for _ in clf.classify_passes(items, list(shapes.values())):
             pass
-    return {"wall_s": round(time.perf_counter() - t0, 3), "passes": len(shapes), **(graph_stats(clf) or {})}
+    return {"wall_s": round(time.perf_counter() - t0, 3), "passes": len(shapes), **(clf.graph_stats() or {})}

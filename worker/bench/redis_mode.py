@@ -68,19 +68,18 @@ def run_redis(
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
         batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0
-        infer_s = sum(b.get("infer_ms") or 0 for b in batches) / 1000.0
+        infer_s = _seconds(batches, "infer_ms")
         out.update(
             wall_s=wall_s,
             items_per_s=len(texts) / wall_s if wall_s > 0 else None,
             worker_windows=len(batches),
             infer_s=infer_s,
-            tokenize_s=sum(b.get("tokenize_ms") or 0 for b in batches) / 1000.0,
-            write_s=sum(b.get("write_ms") or 0 for b in batches) / 1000.0,
-            read_s=sum(b.get("read_ms") or 0 for b in batches) / 1000.0,
+            tokenize_s=_seconds(batches, "tokenize_ms"),
+            write_s=_seconds(batches, "write_ms"),
+            read_s=_seconds(batches, "read_ms"),
             queue_overhead_pct=100.0 * (wall_s - infer_s) / wall_s if wall_s > 0 else None,
-            first_window_s=((batches[0].get("read_ms") or 0) + (batches[0].get("tokenize_ms") or 0)) / 1000.0
-            if batches
-            else None,  # read + tokenize before the first pass: nothing to overlap it with yet
+            # read + tokenize before the first pass: nothing to overlap it with yet
+            first_window_s=_seconds(batches[:1], "read_ms", "tokenize_ms") if batches else None,
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
             cuda_graph_captures=n_captures,
@@ -137,6 +136,11 @@ def redis_worker_env(settings, ns: str, dtype_name: str) -> dict[str, str]:
     env.update(settings_to_env(redis_namespace(settings, ns, dtype_name)))
     env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # the worker gets the bench's thread count
     return env
+
+
+def _seconds(events: list[dict], *keys: str) -> float:
+    """The ``keys`` (milliseconds) of ``events`` summed, in seconds (a missing field counts 0)."""
+    return sum(e.get(k) or 0 for e in events for k in keys) / 1000.0
 
 
 def _s(v) -> str:

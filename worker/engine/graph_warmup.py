@@ -72,14 +72,14 @@ def warm_up(clf) -> dict | None:
             indices = tuple(range(len(items), len(items) + len(lengths)))
             items += [dataclasses.replace(base, ids=_cycle(base.ids, n)) for n in lengths]
             plan.append(Pass(indices, tuple(clf.cost_length(items[i]) for i in indices)))
-    before = getattr(runner, "captures", 0)
+    before = runner.captures
     t0 = time.perf_counter()
     with runner.capturing_at_first_sight():
         for _ in clf.classify_passes(items, plan):
             pass
     return {
         "passes": len(plan),
-        "captures": getattr(runner, "captures", 0) - before,
+        "captures": runner.captures - before,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
 

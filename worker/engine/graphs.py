@@ -134,7 +134,7 @@ class GraphRunner:
                 return None
             t0 = time.perf_counter()
             try:
-                g = self._capture(layout, ids, pos, cu, prefix, keep_kv, kernel)
+                g = self._capture(layout, ids, pos, cu, prefix, keep_kv, kernel, t0)
             except Exception as e:  # noqa: BLE001 -- any capture failure means: run eagerly
                 self._disable(f"capture failed: {type(e).__name__}: {e}")
                 return None
@@ -154,8 +154,8 @@ class GraphRunner:
         g.pos.copy_(pos, non_blocking=True)
         g.cu.copy_(cu, non_blocking=True)
 
-    def _capture(self, layout: Layout, ids, pos, cu, prefix, keep_kv: bool, kernel: str) -> _Graph | None:
-        t0 = time.perf_counter()
+    def _capture(self, layout: Layout, ids, pos, cu, prefix, keep_kv: bool, kernel: str, t0: float) -> _Graph | None:
+        """``t0``: when ``run`` started this capture (one clock for ``capture_s`` and the logged ``capture_ms``)."""
         dev = self.model.device
         tokens, rows, longest = layout.padded_total, layout.segments, layout.max_len
         st_ids = torch.full((tokens,), self.pad_id, dtype=torch.long, device=dev)

@@ -66,13 +66,12 @@ def verify(
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     runner = clf.graph_runner()  # CUDA graphs (None elsewhere): every pass checked here comes from one
-    graph_passes = -(runner.captures + runner.replays) if runner is not None else None
+    before = runner.captures + runner.replays if runner is not None else 0
     t0 = time.perf_counter()
     with runner.capturing_at_first_sight() if runner is not None else nullcontext():
         batched, stats = clf.classify(items)
     t_batched = time.perf_counter() - t0
-    if runner is not None:
-        graph_passes += runner.captures + runner.replays
+    graph_passes = runner.captures + runner.replays - before if runner is not None else None
 
     t0 = time.perf_counter()
     reference = []
