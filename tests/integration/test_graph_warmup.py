@@ -80,8 +80,8 @@ def test_warm_up_runs_one_synthetic_pass_per_listed_shape(loaded, monkeypatch):
 
 def test_a_failing_warm_up_does_not_stop_the_worker(monkeypatch):
     """Only a speed-up: the worker logs why and starts, capturing shapes as they come."""
+    from worker import model_start
     from worker.engine import graph_warmup
-    from worker.stream import startup
 
     def oom(clf):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -89,7 +89,7 @@ def test_a_failing_warm_up_does_not_stop_the_worker(monkeypatch):
     monkeypatch.setattr(graph_warmup, "warm_up", oom)
     warned = []
     log = SimpleNamespace(warning=lambda event, **kw: warned.append((event, kw)))
-    assert startup._warm_graphs(object(), log) is None
+    assert model_start.warm_graphs(object(), log) is None
     assert warned and warned[0][0] == "cuda_graph_warm_up_failed" and "out of memory" in warned[0][1]["error"]
 
 

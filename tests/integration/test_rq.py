@@ -185,6 +185,9 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
         j.id: Job.fetch(j.id, connection=h.conn, serializer=JSONSerializer).return_value()["label"] for j in good
     }
 
+    ready = _log_events(h, "rq_worker_ready")  # started as the stream worker is: same facts, no graphs on a CPU
+    assert len(ready) == 1 and ready[0]["cuda_graphs_warm_up"] is None
+    assert ready[0]["tokenize_threads"] >= 1 and ready[0]["torch_threads"] >= 1 and ready[0]["load_ms"] > 0
     batches = _log_events(h, "rq_batch")
     assert sum(b["jobs"] for b in batches) == len(good) + len(bad) + 1  # + the retry of wrong_type
     assert len(batches) <= 6 and sum(b["forward_passes"] for b in batches) <= 12  # not one pass per job

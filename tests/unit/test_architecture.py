@@ -156,6 +156,17 @@ def test_load_model_is_called_in_one_place():
     assert callers == ["worker.assemble"]
 
 
+def test_both_long_running_workers_start_their_model_one_way():
+    """The stream and RQ batch workers serve the same passes: both warm up (and capture graphs) through start_model."""
+    for rel in ("worker/stream/startup.py", "worker/rqbatch/worker.py"):
+        calls = {
+            getattr(node.func, "id", getattr(node.func, "attr", None))
+            for node in ast.walk(ast.parse((REPO / rel).read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call)
+        }
+        assert "start_model" in calls and "build_classifier" not in calls, rel
+
+
 # ------------------------------------------------- the bench runs the worker's settings
 def _settings_from_env(monkeypatch, env: dict[str, str]):
     from worker.settings import Settings

@@ -60,8 +60,8 @@ class BatchWorker(BaseWorker):
 
     def bootstrap(self, logging_level=None, date_format=None, log_format=None, **kwargs):
         from worker import preflight
-        from worker.assemble import build_classifier
         from worker.logs import configure_logging, get_logger
+        from worker.model_start import start_model
         from worker.redact import register_secret
 
         register_secret(self.connection.connection_pool.connection_kwargs.get("password"))  # RQ's --url
@@ -77,25 +77,21 @@ class BatchWorker(BaseWorker):
             for p in problems:
                 self.tlog.error("config_invalid", setting=p.where, error=str(p))
             raise SystemExit(preflight.EXIT_CONFIG)
-        from worker.logs import route_transformers_logs
-
-        route_transformers_logs()  # imported just now: its handlers go, its records take our chain
         if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
             self.tlog.warning(
                 "rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer"
             )
         self.allowed_callbacks = parse_allowed(self.settings.rq_allowed_callbacks)
-        t0 = time.perf_counter()
-        self.clf = build_classifier(self.settings)
+        self.clf, facts = start_model(self.settings, self.tlog)  # the stream worker's start: warm, graphs captured
         self.tlog.info(
             "rq_worker_ready",
             model=self.clf.model_name,
             device=str(self.clf.device),
             dtype=self.clf.dtype_name,
-            load_s=round(time.perf_counter() - t0, 2),
             queues=self.queue_names(),
             window_max_items=self.batch_max_items(),
             max_wait_ms=self.settings.max_wait_ms,
+            **facts,
         )
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
         super().bootstrap(logging_level, **kwargs)

@@ -73,15 +73,9 @@ def start(settings, *, drain: bool) -> Started | int:
 
 
 def _load_model(settings, log):
-    from worker.assemble import build_classifier
-    from worker.engine.device import tokenize_threads
-    from worker.logs import route_transformers_logs
+    from worker.model_start import start_model
 
-    route_transformers_logs()
-    t0 = time.perf_counter()
-    clf = build_classifier(settings)
-    clf.classify(clf.prepare_valid(["warm-up ticket: the first real batch should not pay for lazy init"]))
-    graphs = _warm_graphs(clf, log) if settings.cuda_graph_warm_up else None
+    clf, facts = start_model(settings, log)
     log.info(
         "model_loaded",
         model=clf.model_name,
@@ -89,33 +83,12 @@ def _load_model(settings, log):
         dtype=clf.dtype_name,
         labels=list(clf.labels),
         prefix_tokens=clf.prefix_length,
-        load_ms=round((time.perf_counter() - t0) * 1000),
-        torch_threads=_torch_threads(),
-        tokenize_threads=tokenize_threads(),
-        cuda_graphs_warm_up=graphs,
+        **facts,
     )
     prometheus.current().set_model(
         model=clf.model_name, device=str(clf.device), dtype=clf.dtype_name, consumer=settings.consumer
     )
     return clf
-
-
-def _warm_graphs(clf, log) -> dict | None:
-    """Capture the full-pass CUDA graphs now (None: no graphs here). Only a speed-up: a failure is logged and
-    the worker starts anyway, capturing shapes when they come back as it would without the warm-up."""
-    from worker.engine import graph_warmup
-
-    try:
-        return graph_warmup.warm_up(clf)
-    except Exception as e:  # noqa: BLE001
-        log.warning("cuda_graph_warm_up_failed", error=f"{type(e).__name__}: {e}", action="capturing as shapes come")
-        return None
-
-
-def _torch_threads() -> int:
-    import torch  # already loaded with the model
-
-    return torch.get_num_threads()
 
 
 def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s: float | None) -> str:
