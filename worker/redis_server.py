@@ -141,10 +141,18 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    def listen_lines(self) -> list[str]:
+        """Where it listens (a subclass may add TLS)."""
+        return [f"port {self.port}"]
+
+    def ready(self) -> bool:
+        """Answers PING (a raw RESP one: no redis-py at import time)."""
+        return _ready(self.host, self.port)
+
     def config(self) -> str:
         lines = [
             f"bind {self.host}",
-            f"port {self.port}",
+            *self.listen_lines(),
             f"dir {self.directory}",
             'save ""',
             f"appendonly {'yes' if self.appendonly else 'no'}",
@@ -174,7 +182,7 @@ class PrivateRedis:
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.monotonic() + timeout_s
-        while not _ready(self.host, self.port):
+        while not self.ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 code = self.proc.poll()
                 self.stop()

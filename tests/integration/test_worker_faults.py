@@ -187,7 +187,7 @@ def test_second_signal_exits_at_once(tmp_path):
 
 
 def _closed_port_url() -> str:
-    from tests.integration.chaos.redis_server import free_port
+    from worker.redis_server import free_port
 
     return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: connection refused
 

@@ -62,7 +62,7 @@ def worker_env(model_dir: Path, server_url: str, tmp_path: Path, **overrides: st
 
 @pytest.fixture
 def chaos_env(tiny_model_dir, chaos_redis, tmp_path) -> dict[str, str]:
-    return worker_env(tiny_model_dir, chaos_redis.url(), tmp_path)
+    return worker_env(tiny_model_dir, chaos_redis.url, tmp_path)
 
 
 class ForkedWorker(WorkerProc):

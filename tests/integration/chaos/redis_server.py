@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,18 +19,11 @@ from urllib.parse import quote
 
 import redis
 
-from worker.redis_server import find_server_binary
+from worker.redis_server import PrivateRedis, find_server_binary
 
 # PATH first, then the embedded-redis extra (worker.redis_server): chaos tests run on a machine without Redis too
 _BINARY = find_server_binary()
 REDIS_SERVER = _BINARY.path if _BINARY else None
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_supports_tls() -> bool:
@@ -100,20 +92,23 @@ def make_tls_files(directory: Path) -> TlsFiles:
 
 
 @dataclass
-class RedisServer:
-    """One redis-server process. ``start``/``stop``/``crash``/``restart`` keep the same port and data dir."""
+class RedisServer(PrivateRedis):
+    """``worker.redis_server.PrivateRedis`` with what chaos tests add: every write fsynced before it is acknowledged
+    (AOF ``always``), a password, ACL users, TLS, and URLs with those. ``restart`` keeps the port and the data."""
 
-    directory: Path
     appendonly: bool = True
+    appendfsync: str = "always"
     password: str | None = None
     acl_users: dict[str, str] = field(default_factory=dict)  # name -> password
     acl_rules: dict[str, str] = field(default_factory=dict)  # name -> ACL rules (default: full access)
     tls: TlsFiles | None = None
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ urls / clients
-    def url(self, *, user: str | None = None, password: str | None = None, db: int = 0) -> str:
+    @property
+    def url(self) -> str:
+        return self.url_as()
+
+    def url_as(self, *, user: str | None = None, password: str | None = None, db: int = 0) -> str:
         """URL for the default user (its password if set) or for ``user``; TLS gives rediss:// with the CA."""
         password = password if password is not None else (self.acl_users.get(user) if user else self.password)
         auth = ""
@@ -126,80 +121,49 @@ class RedisServer:
         return f"redis://{auth}127.0.0.1:{self.port}/{db}"
 
     def client(self, **kw) -> redis.Redis:
-        return redis.Redis.from_url(self.url(), socket_timeout=30, **kw)
+        return redis.Redis.from_url(self.url, socket_timeout=30, **kw)
 
-    # ------------------------------------------------------------------ lifecycle
-    def _config(self) -> str:
-        lines = [
-            "bind 127.0.0.1",
-            f"dir {self.directory}",
-            'save ""',
-            f"appendonly {'yes' if self.appendonly else 'no'}",
-            "appendfsync always",
-            "protected-mode no",
-            "loglevel notice",
-            f"logfile {self.directory / 'redis.log'}",
+    # ------------------------------------------------------------------ what PrivateRedis leaves open
+    def listen_lines(self) -> list[str]:
+        if not self.tls:
+            return super().listen_lines()
+        return [
+            "port 0",
+            f"tls-port {self.port}",
+            f"tls-cert-file {self.tls.cert}",
+            f"tls-key-file {self.tls.key}",
+            f"tls-ca-cert-file {self.tls.ca}",
+            "tls-auth-clients no",
         ]
-        if self.tls:
-            lines += [
-                "port 0",
-                f"tls-port {self.port}",
-                f"tls-cert-file {self.tls.cert}",
-                f"tls-key-file {self.tls.key}",
-                f"tls-ca-cert-file {self.tls.ca}",
-                "tls-auth-clients no",
-            ]
-        else:
-            lines.append(f"port {self.port}")
+
+    def config(self) -> str:
+        lines = ["protected-mode no"]
         if self.password:
             lines.append(f"requirepass {self.password}")
         for name, pw in self.acl_users.items():
             lines.append(f"user {name} on >{pw} {self.acl_rules.get(name, '~* &* +@all')}")
-        return "\n".join(lines) + "\n"
+        return super().config() + "\n".join(lines) + "\n"
+
+    def ready(self) -> bool:
+        """A PING through redis-py, which speaks TLS (the raw one does not); ``LOADING`` the AOF is not ready."""
+        try:
+            c = self.client(socket_connect_timeout=1)
+            try:
+                return bool(c.ping())
+            finally:
+                c.close()
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError):
+            return False
+        except redis.ResponseError as e:
+            if str(e).startswith("LOADING"):
+                return False
+            raise
 
     def start(self, timeout_s: float = 20.0) -> RedisServer:
         if not REDIS_SERVER:
             raise RuntimeError("no redis-server: neither on PATH nor from the embedded-redis extra")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        conf = self.directory / "redis.conf"
-        conf.write_text(self._config())
-        self.proc = subprocess.Popen([REDIS_SERVER, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                c = self.client(socket_connect_timeout=1)
-                if c.ping():
-                    c.close()
-                    return self
-            except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError):
-                pass
-            except redis.ResponseError as e:  # LOADING the AOF after a restart
-                if not str(e).startswith("LOADING"):
-                    raise
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {self.port} did not answer: {self.log_tail()}")
-            time.sleep(0.05)
-
-    def crash(self) -> None:
-        """``kill -9`` the server: only what AOF already fsynced survives.
-
-        With appendfsync always: every acked write.
-        """
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM: Redis fsyncs the AOF and exits)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        super().start(timeout_s)
+        return self
 
     def restart(self, *, down_s: float = 0.0, crash: bool = True) -> None:
         """Crash (or stop) and start again on the same port with the same data, after ``down_s`` seconds."""
@@ -210,12 +174,6 @@ class RedisServer:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
-
-    def log_tail(self, n: int = 5) -> str:
-        log = self.directory / "redis.log"
-        if not log.exists():
-            return "(no log)"
-        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-n:])
 
     def rss_kb(self) -> int | None:
         return read_rss_kb(self.pid) if self.pid else None

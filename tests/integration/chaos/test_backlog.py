@@ -35,7 +35,7 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
     server = redis_server_factory(appendonly=False)  # a memory test: skip fsync so the backlog loads fast
     env = worker_env(
         tiny_model_dir,
-        server.url(),
+        server.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=batch,
         TRIAGE_PASS_MAX_ITEMS=batch,
@@ -78,7 +78,7 @@ def test_backlog_drains_with_flat_memory_and_trimmed_streams(launch, redis_serve
         extra = sized(600, 5000)
         producer = TriageClient(
             ProducerSettings(
-                redis_url=server.url(),
+                redis_url=server.url,
                 input_stream=stream,
                 group="triage",
                 input_max_backlog=limit,
@@ -172,7 +172,7 @@ def test_producer_refuses_beyond_the_backlog_limit(chaos_redis, tmp_path):
 
     Nothing beyond the limit is written.
     """
-    url, stream = chaos_redis.url(), "chaos:bp:tickets"
+    url, stream = chaos_redis.url, "chaos:bp:tickets"
     refuse = TriageClient(
         ProducerSettings(
             redis_url=url, input_stream=stream, input_max_backlog=100, backpressure="refuse", submit_chunk_size=40

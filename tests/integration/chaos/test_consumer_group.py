@@ -20,7 +20,7 @@ def test_workers_share_the_group_without_duplicates(launch, workers, chaos_redis
     n = sized(400, 3000)
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=16,
         TRIAGE_PASS_MAX_ITEMS=16,

@@ -34,7 +34,7 @@ def test_redis_restart_without_data_recovers_and_classifies_new_tickets(
     server = redis_server_factory(appendonly=False)  # save "" too: a restart comes back empty
     env = worker_env(
         tiny_model_dir,
-        server.url(),
+        server.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=32,
         TRIAGE_PASS_MAX_ITEMS=32,
@@ -86,7 +86,7 @@ def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, t
     """`XGROUP DESTROY` with a short claim idle (the write of every window checks ownership)."""
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=32,
         TRIAGE_PASS_MAX_ITEMS=32,

@@ -21,7 +21,7 @@ def _drain(launch, env) -> None:
 def test_input_stream_is_trimmed_below_what_every_group_needs(launch, chaos_redis, tiny_model_dir, tmp_path):
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=64,
         TRIAGE_PASS_MAX_ITEMS=64,

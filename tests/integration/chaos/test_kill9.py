@@ -36,7 +36,7 @@ def test_kill9_at_random_points_loses_nothing(launch, chaos_redis, tiny_model_di
     rng = random.Random(1234)
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=batch,
         TRIAGE_PASS_MAX_ITEMS=batch,

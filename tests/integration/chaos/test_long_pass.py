@@ -28,7 +28,7 @@ TEXT = "my parcel is late and the invoice is wrong, please help me with the refu
 def test_long_passes_keep_heartbeat_and_ownership(launch, chaos_redis, tiny_model_dir, tmp_path):
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=WINDOW,
         TRIAGE_PASS_MAX_ITEMS=WINDOW,

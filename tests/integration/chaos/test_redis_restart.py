@@ -33,7 +33,7 @@ def test_redis_restart_mid_run_loses_nothing(launch, redis_server_factory, tiny_
     )
     env = worker_env(
         tiny_model_dir,
-        server.url(user="triage-worker"),
+        server.url_as(user="triage-worker"),
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=32,
         TRIAGE_PASS_MAX_ITEMS=32,

@@ -127,7 +127,7 @@ def test_tls_with_password(launch, redis_server_factory, tiny_model_dir, tmp_pat
     password = "tls-Pa55/word@chaos"
     tls = make_tls_files(tmp_path / "tls")
     server = redis_server_factory(password=password, tls=tls)
-    url = server.url()
+    url = server.url
     assert url.startswith("rediss://") and f"ssl_ca_certs={tls.ca}" in url
     env = worker_env(tiny_model_dir, url, tmp_path)
     client = server.client()
@@ -153,7 +153,7 @@ def test_wrong_password_is_retried_and_never_logged(launch, redis_server_factory
     retrying with backoff (documented); neither the wrong nor the right password appears in its output."""
     right, wrong = "r1ght-Pa55word", "Wr0ng-Pa55word"
     server = redis_server_factory(password=right)
-    env = worker_env(tiny_model_dir, server.url(password=wrong), tmp_path, TRIAGE_RECONNECT_MAX_S=0.5)
+    env = worker_env(tiny_model_dir, server.url_as(password=wrong), tmp_path, TRIAGE_RECONNECT_MAX_S=0.5)
     w = launch(env, ready=False)
     try:
         w.wait_for(
@@ -199,7 +199,7 @@ def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_mo
     """Every URL form, every output path of real processes: the worker's JSON log (worker_starting, a run),
     a console-format start-up failure with its traceback (no locals), healthcheck (live and unreachable),
     producer errors, and the RQ batch worker. Each printed line is scanned for the password."""
-    from tests.integration.chaos.redis_server import free_port
+    from worker.redis_server import free_port
 
     server = redis_server_factory(password=SECRET)
     forms = _url_forms(server.port)

@@ -51,7 +51,7 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
     claim_idle_ms = 2000
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=batch,
         TRIAGE_PASS_MAX_ITEMS=batch,

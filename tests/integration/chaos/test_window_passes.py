@@ -20,7 +20,7 @@ WINDOW, PASS = 256, 32
 def test_results_are_written_after_each_pass_of_a_large_window(launch, chaos_redis, tiny_model_dir, tmp_path):
     env = worker_env(
         tiny_model_dir,
-        chaos_redis.url(),
+        chaos_redis.url,
         tmp_path,
         TRIAGE_WINDOW_MAX_ITEMS=WINDOW,
         TRIAGE_PASS_MAX_ITEMS=PASS,
