@@ -53,6 +53,23 @@ class StallingBatchWorker(BatchWorker):
         time.sleep(600)
 
 
+class FailingPassBatchWorker(BatchWorker):
+    """The real batch worker whose engine fails every forward call that holds a ticket of over 200 tokens, as an
+    out-of-memory or a kernel error on one odd ticket would; everything else goes through the real engine."""
+
+    def bootstrap(self, *args, **kwargs):
+        super().bootstrap(*args, **kwargs)
+        real = self.clf.classify_passes
+
+        def classify_passes(items, passes=None, **run):
+            for p in passes:
+                if any(items[i].n_text_tokens > 200 for i in p.indices):
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                yield from real(items, [p], **run)
+
+        self.clf.classify_passes = classify_passes
+
+
 class TouchOnUnpickle:
     """Pickles to a call that creates a file: proof that the worker never unpickles a payload."""
 
@@ -191,6 +208,31 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     batches = _log_events(h, "rq_batch")
     assert sum(b["jobs"] for b in batches) == len(good) + len(bad) + 1  # + the retry of wrong_type
     assert len(batches) <= 6 and sum(b["forward_passes"] for b in batches) <= 12  # not one pass per job
+
+
+def test_a_failing_pass_fails_only_the_job_that_breaks_it(rq_setup):
+    """As in the stream worker: the pass is re-run job by job, its other jobs and the other passes finish."""
+    h, q = rq_setup, rq_setup.queue
+    good = enqueue_tickets(q, [TICKETS[i % 5] for i in range(12)])
+    breaker = enqueue_ticket(q, "My order never arrived and nobody answers. " * 40)  # the one over 200 tokens
+    h.jobs += [*good, breaker]
+    one_pass = {"TRIAGE_PASS_MAX_TOKENS": "100000", "TRIAGE_PASS_OVERHEAD_TOKENS": "100000"}  # all in one pass
+    proc = _start_worker(h, "--burst", worker_class="tests.integration.test_rq.FailingPassBatchWorker", **one_pass)
+    try:
+        assert proc.wait(timeout=120) == 0, h.log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for job in good:
+        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
+    breaker = Job.fetch(breaker.id, connection=h.conn, serializer=JSONSerializer)
+    assert breaker.get_status() == JobStatus.FAILED
+    assert "illegal memory access" in breaker.latest_result().exc_string
+    batches = _log_events(h, "rq_batch")
+    assert sum(b["finished"] for b in batches) == 12 and sum(b["failed"] for b in batches) == 1
+    assert sum(b["split_retries"] for b in batches) == 13  # the breaker's pass held all 13: each re-run alone
 
 
 def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):

@@ -24,7 +24,7 @@ PURE = (
     "worker.stream.records",
     "worker.stream.metrics",
     "worker.stream.window",
-    "worker.stream.classify",
+    "worker.engine.isolation",
     "worker.settings",
     "worker.settings_table",
     "worker.assemble",

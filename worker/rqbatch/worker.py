@@ -30,6 +30,7 @@ from rq.timeouts import JobTimeoutException
 from rq.utils import ensure_job_list, now
 from rq.worker import BaseWorker, WorkerStatus
 
+from worker.engine.types import RunStats
 from worker.rqbatch import intake, outcome
 from worker.rqbatch.heartbeat import BatchHeartbeat
 from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
@@ -130,11 +131,11 @@ class BatchWorker(BaseWorker):
         # refused jobs fail before any job is STARTED: a crash in the pass cannot leave them "abandoned"
         outcome.fail_unstarted(self, [e for e in entries if e.error is not None])
         accepted = [e for e in entries if e.error is None]
-        stats = None
+        stats, split_retries = RunStats(), 0
         if accepted:
             outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
             with BatchHeartbeat(self, accepted):  # until every callback has run; recording is quick
-                stats = self._classify(accepted)
+                stats, split_retries = self._classify(accepted)
                 ended = now()
                 for e in accepted:
                     e.job.ended_at = ended
@@ -150,24 +151,30 @@ class BatchWorker(BaseWorker):
             jobs=len(entries),
             finished=len(ok),
             failed=len(failed),
-            forward_passes=stats.passes if stats else 0,
-            pass_sizes=stats.pass_sizes if stats else [],
-            padding_pct=round(stats.padding_pct, 1) if stats else 0.0,
-            prefix_tokens_reused=stats.prefix_tokens_reused if stats else 0,
-            infer_ms=round(stats.infer_ms, 1) if stats else 0.0,
+            forward_passes=stats.passes,
+            pass_sizes=stats.pass_sizes,
+            split_retries=split_retries,
+            padding_pct=round(stats.padding_pct, 1),
+            prefix_tokens_reused=stats.prefix_tokens_reused,
+            infer_ms=round(stats.infer_ms, 1),
             fill_ms=round(fill_ms, 1),
             total_ms=round(fill_ms + (time.perf_counter() - t0) * 1000, 1),
             queues=sorted({e.queue.name for e in entries}),
         )
 
-    def _classify(self, entries: list[Entry]):
-        """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error."""
+    def _classify(self, entries: list[Entry]) -> tuple[RunStats, int]:
+        """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error.
+
+        Pass by pass, as the stream worker does (``engine.isolation``): a pass that fails is re-run job by job,
+        so one bad ticket fails only its own job. The batch's timeout fails every job still without a result.
+        Returns the passes' stats and how many jobs were re-run alone."""
+        from worker.engine.isolation import run_passes
         from worker.engine.types import InvalidTicket
         from worker.rqbatch.payload import job_result
 
         valid = [e for e in entries if e.error is None]
         timeout_s = batch_timeout_s([e.job for e in valid], self.queue_class.DEFAULT_TIMEOUT)
-        stats = None
+        stats, split_retries = RunStats(), 0
         try:
             for e, item in zip(valid, self.clf.prepare([e.text for e in valid])):
                 if isinstance(item, InvalidTicket):
@@ -175,16 +182,24 @@ class BatchWorker(BaseWorker):
                 else:
                     e.item = item
             ready = [e for e in valid if e.error is None]
+            items = [e.item for e in ready]
             if ready:
                 with self.death_penalty_class(timeout_s, JobTimeoutException, job_id=ready[0].job.id):
-                    preds, stats = self.clf.classify([e.item for e in ready])
-                for e, pred in zip(ready, preds):
-                    e.pred, e.result = pred, job_result(pred, self.clf.model_name)
-        except Exception as exc:  # the engine failed the whole batch (timeout, OOM, ...): each job fails with it
+                    plan = self.clf.plan(items)
+                    for res in run_passes(self.clf.classify_passes, plan, items, fatal=(JobTimeoutException,)):
+                        stats.items += res.stats.items
+                        stats.merge(res.stats)
+                        split_retries += res.split_retries
+                        for i, pred in zip(res.indices, res.predictions):
+                            if isinstance(pred, Exception):
+                                ready[i].fail(pred)
+                            else:
+                                ready[i].pred, ready[i].result = pred, job_result(pred, self.clf.model_name)
+        except Exception as exc:  # the batch's timeout, or tokenizing failed: each job without a result fails with it
             for e in valid:
-                if e.error is None:
+                if e.error is None and e.result is None:
                     e.fail(exc)
-        return stats
+        return stats, split_retries
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Executions live job_monitoring_interval + 60 s between heartbeats (BatchHeartbeat keeps them alive)."""

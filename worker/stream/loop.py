@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 import time
 
+from worker.engine.isolation import PassResult, run_passes
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
-from worker.stream.classify import PassResult, run_passes
 from worker.stream.connection import Backoff, is_transient, reply_parser
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.metrics import Summary, WindowMetrics, pass_line

@@ -1,10 +1,12 @@
-"""Run the engine on a window pass by pass, so that one bad ticket cannot fail its neighbours.
+"""Run the engine on a window (or an RQ batch) pass by pass, so that one bad ticket cannot fail its neighbours.
 
-The window's tickets are planned into passes (length buckets, ``Classifier.plan``) and run
-by ``Classifier.classify_passes``, which hands back one pass at a time, so its results can
-be written while the next pass runs. If a pass raises, its tickets are re-run alone: the
-ones that pass get their label, the ones that still fail come back as the exception (the
-caller dead-letters them with it as the reason). Pure: no torch (the classifier is passed in).
+The tickets are planned into passes (length buckets, ``Classifier.plan``) and run by
+``Classifier.classify_passes``, which hands back one pass at a time, so its results can be
+written while the next pass runs. If a pass raises, its tickets are re-run alone: the ones
+that pass get their label, the ones that still fail come back as the exception (the stream
+worker dead-letters them with it as the reason, the RQ batch worker fails their jobs with it).
+Exceptions of the ``fatal`` types are not isolated (RQ's job timeout: re-running after it
+would run unbounded). Pure: no torch (the classifier is passed in).
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ class PassResult:
     split_retries: int = 0  # tickets re-run alone because the pass failed
 
 
-def run_passes(classify_passes: PassesFn, plan: Sequence[Pass], items: Sequence[Prepared]) -> Iterator[PassResult]:
+def run_passes(
+    classify_passes: PassesFn,
+    plan: Sequence[Pass],
+    items: Sequence[Prepared],
+    fatal: tuple[type[BaseException], ...] = (),
+) -> Iterator[PassResult]:
     """Each planned pass in order, from one ``classify_passes`` call over the whole plan (so an engine that
     queues pass k+1 before handing back pass k keeps doing so); a pass that raises is re-run ticket by
-    ticket, and the passes after it continue in a new call."""
+    ticket, and the passes after it continue in a new call. A ``fatal`` exception propagates as it is."""
     todo = list(plan)
     while todo:
         done = 0
@@ -43,12 +50,16 @@ def run_passes(classify_passes: PassesFn, plan: Sequence[Pass], items: Sequence[
                 done += 1
                 yield PassResult(tuple(indices), list(preds), stats)
             return
+        except fatal:
+            raise
         except Exception as pass_error:  # noqa: BLE001 - isolated below
             failed, todo = todo[done], todo[done + 1 :]
-            yield _one_by_one(classify_passes, failed, items, pass_error)
+            yield _one_by_one(classify_passes, failed, items, pass_error, fatal)
 
 
-def _one_by_one(classify_passes: PassesFn, p: Pass, items: Sequence[Prepared], pass_error: Exception) -> PassResult:
+def _one_by_one(
+    classify_passes: PassesFn, p: Pass, items: Sequence[Prepared], pass_error: Exception, fatal: tuple = ()
+) -> PassResult:
     """The tickets of a failed pass, each in a forward call of its own: its own prediction or its own error."""
     stats = RunStats()
     if p.size == 1:
@@ -57,6 +68,8 @@ def _one_by_one(classify_passes: PassesFn, p: Pass, items: Sequence[Prepared], p
     for i, length in zip(p.indices, p.lengths):
         try:
             _, preds, cost = next(iter(classify_passes(items, [Pass((i,), (length,))])))
+        except fatal:
+            raise
         except Exception as e:  # noqa: BLE001 - this ticket's own failure
             out.append(e)
             continue
