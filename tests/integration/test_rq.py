@@ -23,11 +23,14 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
+from tests.integration.test_observability import scrape
 from worker import rq_jobs
 from worker.engine.task import DEFAULT_LABELS
+from worker.redis_server import free_port
 from worker.rqbatch import BatchWorker, plain
 
 REPO = Path(__file__).resolve().parents[2]
+WORKER_IDLE = ("triage_worker_phase", (("phase", "idle"),))
 RQ_CLI = str(Path(sys.executable).with_name("rq"))
 LABELS = set(DEFAULT_LABELS)
 TICKETS = [
@@ -233,6 +236,44 @@ def test_a_failing_pass_fails_only_the_job_that_breaks_it(rq_setup):
     batches = _log_events(h, "rq_batch")
     assert sum(b["finished"] for b in batches) == 12 and sum(b["failed"] for b in batches) == 1
     assert sum(b["split_retries"] for b in batches) == 13  # the breaker's pass held all 13: each re-run alone
+
+
+def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
+    """TRIAGE_METRICS_PORT on the RQ batch worker: the stream worker's ticket and pass metrics, over real HTTP."""
+    h, q = rq_setup, rq_setup.queue
+    good = enqueue_tickets(q, [TICKETS[i % 5] for i in range(8)])
+    no_text = q.enqueue("worker.rq_jobs.classify", {"txt": "typo"})
+    empty = enqueue_ticket(q, "   ")
+    h.jobs += [*good, no_text, empty]
+    port = free_port()
+    proc = _start_worker(h, TRIAGE_METRICS_PORT=str(port), TRIAGE_METRICS_HOST="127.0.0.1")
+    try:
+        m: dict = {}
+
+        def settled_and_idle() -> bool:
+            nonlocal m
+            try:
+                m = scrape(port)
+            except OSError:  # not serving yet
+                return False
+            return m.get(("triage_request_count_total", ())) == 10 and m.get(WORKER_IDLE) == 1
+
+        _wait_for(settled_and_idle, "the batch in the metrics")
+        assert m[("triage_request_success_total", ())] == 8
+        assert m[("triage_request_failure_total", (("reason", "no_text"),))] == 1
+        assert m[("triage_request_failure_total", (("reason", "empty_text"),))] == 1
+        assert m[("triage_request_duration_seconds_count", ())] == 8
+        assert m[("triage_batch_next_size_sum", ())] == 8  # every classified ticket went through a counted pass
+        assert m[("triage_real_tokens_total", ())] > 0
+        info = next(labels for (name, labels), _ in m.items() if name == "triage_model_info")
+        assert dict(info)["consumer"] == h.worker_name and dict(info)["device"] == "cpu"
+        assert m[("triage_window_size_count", ())] == 0  # a window is the stream worker's
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):

@@ -156,6 +156,8 @@ def test_metrics_off_hooks_accept_the_same_calls():
     _feed(off, [(2, 8, 1.0)])
     off.reconnected()
     off.on_graphs({"enabled": True, "captures": 1, "replays": 1, "shapes": 1, "capture_s": 0.1, "eager_new_shape": 0})
+    off.on_settled([{"latency_ms": 5.0, "tokens": 3}], ["ticket text is empty"])  # the RQ batch worker's hooks
+    off.on_run(RunStats(real_tokens=3, padded_tokens=3), 0)
     assert not off.enabled
 
 

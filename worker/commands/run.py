@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from worker import preflight
     from worker.logs import configure_logging, get_logger, mask_url
+    from worker.observability import prometheus
 
     # Before torch and the model: settings, TRIAGE_ names, task file, model location, Redis URL.
     settings, problems = preflight.load_settings(consumer=args.consumer)
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         drain=args.drain,
     )
     log = get_logger("triage.worker").bind(consumer=settings.consumer)
-    if not _start_metrics(settings, log):
+    if not prometheus.start_for(settings, log):
         return 2
     from worker.engine.types import ConfigError
     from worker.stream.loop import run_worker
@@ -80,25 +81,3 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _start_metrics(settings, log) -> bool:
-    """Serve Prometheus metrics before the model loads (scrapes see phase "starting"); False if the port is unusable."""
-    from worker.observability import prometheus
-
-    if not settings.metrics_port:
-        return True
-    try:
-        prometheus.start(settings.metrics_host, settings.metrics_port)
-    except OSError as e:
-        log.error(
-            "metrics_unavailable",
-            host=settings.metrics_host,
-            port=settings.metrics_port,
-            error=str(e),
-            fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); "
-            "0 turns metrics off",
-        )
-        return False
-    log.info("metrics_serving", url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
-    return True

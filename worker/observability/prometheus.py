@@ -9,13 +9,15 @@ a *pass*; a *window* (one drain of the stream) has no TEI counterpart and is nam
 ``triage_window_*``. docs/worker.md lists every metric with PromQL.
 
 The loop only calls a few hooks (``set_model``, ``set_phase``, ``reconnected``, ``on_pass``,
-``on_written``, ``on_window``, ``on_graphs``) on ``current()``; with metrics off that is the no-op ``Metrics`` and
+``on_written``, ``on_window``, ``on_graphs``) on ``current()``, the RQ batch worker some of them and
+``on_settled`` (no windows, no stream); with metrics off that is the no-op ``Metrics`` and
 ``prometheus_client`` is never imported. Neither torch nor Redis is imported here.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -71,6 +73,12 @@ class Metrics:
         pass
 
     def on_written(self, written: Any) -> None:
+        pass
+
+    def on_settled(self, results: Sequence[Mapping[str, Any]], failure_reasons: Sequence[str]) -> None:
+        pass
+
+    def on_run(self, stats: Any, split_retries: int) -> None:
         pass
 
     def on_window(self, m: Any) -> None:
@@ -159,7 +167,7 @@ class PrometheusMetrics(Metrics):
         self.prefix_tokens_reused = counter(
             "triage_prefix_tokens_reused", "Prompt-prefix tokens served from the KV cache instead of recomputed."
         )
-        self.split_retries = counter("triage_split_retries", "Tickets re-run alone after their window failed.")
+        self.split_retries = counter("triage_split_retries", "Tickets re-run alone after their pass failed.")
         self.last_window = gauge("triage_last_window_timestamp_seconds", "Unix time the last window was written.")
         # --- queue (TEI: te_queue_size), worker --------------------------------------------
         self.queue_size = gauge(
@@ -229,11 +237,16 @@ class PrometheusMetrics(Metrics):
 
     def on_written(self, written: Any) -> None:
         """After each write: the ``Outcome`` actually written (entries another worker took over are not in it)."""
-        self.request_count.inc(len(written.results) + len(written.dead_letters))
-        self.request_success.inc(len(written.results))
-        for d in written.dead_letters:
-            self.request_failure.labels(reason_class(d.get("reason", ""))).inc()
-        for r in written.results:
+        self.on_settled(written.results, [d.get("reason", "") for d in written.dead_letters])
+
+    def on_settled(self, results: Sequence[Mapping[str, Any]], failure_reasons: Sequence[str]) -> None:
+        """Tickets settled: result records (``latency_ms``, ``tokens``) and the reasons of those that failed
+        (dead letters here; failed jobs in the RQ batch worker)."""
+        self.request_count.inc(len(results) + len(failure_reasons))
+        self.request_success.inc(len(results))
+        for reason in failure_reasons:
+            self.request_failure.labels(reason_class(reason)).inc()
+        for r in results:
             if r.get("latency_ms"):
                 self.request_duration.observe(float(r["latency_ms"]) / 1000.0)
             if r.get("tokens"):
@@ -248,15 +261,20 @@ class PrometheusMetrics(Metrics):
         self.window_tokenize.observe(m.tokenize_ms / 1000.0)
         self.window_infer.observe(st.infer_ms / 1000.0)
         self.window_write.observe(m.write_ms / 1000.0)
-        self.real_tokens.inc(st.real_tokens)
-        self.padded_tokens.inc(st.padded_tokens)
-        self.prefix_tokens_reused.inc(st.prefix_tokens_reused)
-        self.split_retries.inc(m.split_retries)
+        self.on_run(st, m.split_retries)
         self.last_window.set(time.time())
         if m.backlog is not None:
             self.queue_size.set(m.backlog)
         if m.pending is not None:
             self.queue_pending.set(m.pending)
+
+    def on_run(self, stats: Any, split_retries: int) -> None:
+        """Passes added up (a window's, an RQ batch's ``RunStats``): tokens read, computed and reused; tickets
+        re-run alone after their pass failed."""
+        self.real_tokens.inc(stats.real_tokens)
+        self.padded_tokens.inc(stats.padded_tokens)
+        self.prefix_tokens_reused.inc(stats.prefix_tokens_reused)
+        self.split_retries.inc(split_retries)
 
     def on_graphs(self, stats: dict | None) -> None:
         """After each window: the classifier's CUDA graph totals (``GraphRunner.stats``). None (no graphs on this
@@ -306,3 +324,24 @@ def start(host: str, port: int) -> Metrics:
     metrics.serve(host, port)
     _current = metrics
     return metrics
+
+
+def start_for(settings, log) -> bool:
+    """Serve metrics as the worker's settings say (``TRIAGE_METRICS_PORT``, ``TRIAGE_METRICS_HOST``), before the
+    model loads (scrapes see phase "starting"); False, after logging why, if the port is unusable (exit 2)."""
+    if not settings.metrics_port:
+        return True
+    try:
+        start(settings.metrics_host, settings.metrics_port)
+    except OSError as e:
+        log.error(
+            "metrics_unavailable",
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            error=str(e),
+            fix="free the port or set another TRIAGE_METRICS_PORT (one per worker process on a host); "
+            "0 turns metrics off",
+        )
+        return False
+    log.info("metrics_serving", url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+    return True

@@ -31,9 +31,11 @@ from rq.utils import ensure_job_list, now
 from rq.worker import BaseWorker, WorkerStatus
 
 from worker.engine.types import RunStats
+from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.rqbatch import intake, outcome
 from worker.rqbatch.heartbeat import BatchHeartbeat
 from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
+from worker.rqbatch.payload import latency_ms
 
 _RQ_HANDLER_LOGGERS = ("rq.worker", "rq.job", "rq.queue")
 
@@ -78,12 +80,19 @@ class BatchWorker(BaseWorker):
             for p in problems:
                 self.tlog.error("config_invalid", setting=p.where, error=str(p))
             raise SystemExit(preflight.EXIT_CONFIG)
+        if not prometheus.start_for(self.settings, self.tlog):  # before the model: scrapes see "starting"
+            raise SystemExit(preflight.EXIT_CONFIG)
         if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
             self.tlog.warning(
                 "rq_serializer_ignored", requested=str(self.requested_serializer), used="rq.serializers.JSONSerializer"
             )
         self.allowed_callbacks = parse_allowed(self.settings.rq_allowed_callbacks)
         self.clf, facts = start_model(self.settings, self.tlog)  # the stream worker's start: warm, graphs captured
+        metrics = prometheus.current()
+        metrics.set_model(
+            model=self.clf.model_name, device=str(self.clf.device), dtype=self.clf.dtype_name, consumer=self.name
+        )
+        metrics.set_phase("idle")
         self.tlog.info(
             "rq_worker_ready",
             model=self.clf.model_name,
@@ -112,11 +121,13 @@ class BatchWorker(BaseWorker):
         if self._jobs_left is not None:
             limit = max(1, min(limit, self._jobs_left))
         batch = [(job, queue)]
+        prometheus.current().set_phase("reading")
         intake.fill(self, batch, limit, self.settings.max_wait_ms / 1000)
         fill_ms = (time.perf_counter() - t0) * 1000
         self.run_batch([Entry(job=j, queue=q) for j, q in batch], fill_ms=fill_ms)
         self._stopped_job_id = None  # a stop-job command cannot cut one job out of a forward pass; it is void now
         self.set_state(WorkerStatus.IDLE)
+        prometheus.current().set_phase("idle")
         if self._jobs_left is not None:
             self._jobs_left -= len(batch)
             if self._jobs_left <= 0:
@@ -135,7 +146,9 @@ class BatchWorker(BaseWorker):
         if accepted:
             outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
             with BatchHeartbeat(self, accepted):  # until every callback has run; recording is quick
+                prometheus.current().set_phase("inferring")
                 stats, split_retries = self._classify(accepted)
+                prometheus.current().set_phase("writing")
                 ended = now()
                 for e in accepted:
                     e.job.ended_at = ended
@@ -146,6 +159,7 @@ class BatchWorker(BaseWorker):
         for e in accepted:
             if e.error is not None:
                 outcome.fail(self, e)
+        self._count(ok, failed, stats, split_retries)
         self.tlog.info(
             "rq_batch",
             jobs=len(entries),
@@ -190,6 +204,8 @@ class BatchWorker(BaseWorker):
                         stats.items += res.stats.items
                         stats.merge(res.stats)
                         split_retries += res.split_retries
+                        for p in res.stats.pass_stats:
+                            prometheus.current().on_pass(p)
                         for i, pred in zip(res.indices, res.predictions):
                             if isinstance(pred, Exception):
                                 ready[i].fail(pred)
@@ -200,6 +216,15 @@ class BatchWorker(BaseWorker):
                 if e.error is None and e.result is None:
                     e.fail(exc)
         return stats, split_retries
+
+    def _count(self, ok: list[Entry], failed: list[Entry], stats: RunStats, split_retries: int) -> None:
+        """The batch in the stream worker's ticket, token and CUDA graph metrics (a failed job counts as a dead
+        letter would; window and queue metrics are the stream's: RQ's queues are ``rq info``'s)."""
+        metrics = prometheus.current()
+        metrics.on_run(stats, split_retries)
+        results = [{"latency_ms": latency_ms(e.job), "tokens": e.pred.n_tokens} for e in ok]
+        metrics.on_settled(results, [str(e.error[1]) for e in failed])
+        metrics.on_graphs(self.clf.graph_stats())
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Executions live job_monitoring_interval + 60 s between heartbeats (BatchHeartbeat keeps them alive)."""
