@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.test_stream_passes import _pred
+from tests.unit.test_pass_isolation import _pred
 from worker.engine.types import InvalidTicket, Prepared
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
