@@ -13,15 +13,14 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.metrics_scrape import scrape
 from tests.worker_proc import (
     REPO,
     WorkerProc,
@@ -111,19 +110,6 @@ def group(tiny_model_dir, redis_url, tmp_path_factory, r):
         for w in workers.values():
             w.kill()
         delete_keys(redis_url, prefix)
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """(sample name, sorted labels) -> value, from a real HTTP GET of /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def written_by(r, env, consumer: str) -> tuple[list[dict], list[dict]]:

@@ -23,7 +23,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
-from tests.integration.test_observability import scrape
+from tests.metrics_scrape import scrape
 from worker import rq_jobs
 from worker.engine.task import DEFAULT_LABELS
 from worker.redis_server import free_port
