@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -274,6 +275,24 @@ def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_metrics_port_in_use_stops_the_batch_worker_before_the_model_loads(rq_setup):
+    h = rq_setup
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _start_worker(h, "--burst", TRIAGE_METRICS_PORT=str(port), TRIAGE_METRICS_HOST="127.0.0.1")
+        try:
+            assert proc.wait(timeout=120) == 2, h.log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    (err,) = _log_events(h, "metrics_unavailable")
+    assert err["port"] == port and "TRIAGE_METRICS_PORT" in err["fix"]
+    assert not _log_events(h, "rq_worker_ready")
 
 
 def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
