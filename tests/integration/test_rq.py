@@ -123,6 +123,17 @@ def _start_worker(h, *flags: str, worker_class: str = "worker.rqbatch.BatchWorke
     return subprocess.Popen(cmd, cwd=REPO, env={**h.env, **env}, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _run_to_exit(h, *flags: str, expect: int = 0, **kw: str) -> None:
+    """Run a batch worker with --burst until it exits on its own (queue empty, or a start-up error): with ``expect``."""
+    proc = _start_worker(h, "--burst", *flags, **kw)
+    try:
+        assert proc.wait(timeout=120) == expect, h.log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _log_events(h, event: str) -> list[dict]:
     out = []
     for line in h.log.read_text(errors="replace").splitlines():
@@ -163,13 +174,7 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     bad = [no_text, wrong_type, empty, other_func, bad_callback, pickled]
     h.jobs += good + bad
 
-    proc = _start_worker(h, "--burst", TRIAGE_RQ_ALLOWED_CALLBACKS="tests.integration.test_rq.record_failure")
-    try:
-        assert proc.wait(timeout=120) == 0, h.log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _run_to_exit(h, TRIAGE_RQ_ALLOWED_CALLBACKS="tests.integration.test_rq.record_failure")
 
     for job in good:
         job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
@@ -221,13 +226,7 @@ def test_a_failing_pass_fails_only_the_job_that_breaks_it(rq_setup):
     breaker = enqueue_ticket(q, "My order never arrived and nobody answers. " * 40)  # the one over 200 tokens
     h.jobs += [*good, breaker]
     one_pass = {"TRIAGE_PASS_MAX_TOKENS": "100000", "TRIAGE_PASS_OVERHEAD_TOKENS": "100000"}  # all in one pass
-    proc = _start_worker(h, "--burst", worker_class="tests.integration.test_rq.FailingPassBatchWorker", **one_pass)
-    try:
-        assert proc.wait(timeout=120) == 0, h.log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _run_to_exit(h, worker_class="tests.integration.test_rq.FailingPassBatchWorker", **one_pass)
     for job in good:
         job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
         assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
@@ -283,13 +282,7 @@ def test_a_metrics_port_in_use_stops_the_batch_worker_before_the_model_loads(rq_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = _start_worker(h, "--burst", TRIAGE_METRICS_PORT=str(port), TRIAGE_METRICS_HOST="127.0.0.1")
-        try:
-            assert proc.wait(timeout=120) == 2, h.log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _run_to_exit(h, expect=2, TRIAGE_METRICS_PORT=str(port), TRIAGE_METRICS_HOST="127.0.0.1")
     (err,) = _log_events(h, "metrics_unavailable")
     assert err["port"] == port and "TRIAGE_METRICS_PORT" in err["fix"]
     assert not _log_events(h, "rq_worker_ready")
