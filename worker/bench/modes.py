@@ -259,6 +259,7 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
     """
     if clf.graph_runner() is None:
         return None
+    from worker.engine.graph_warmup import capture_plan
     from worker.engine.graphs import shape_for
     from worker.engine.packed import Layout
 
@@ -266,8 +267,5 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
     for passes in plans:
         for b in passes:
             shapes.setdefault(shape_for(Layout.build([len(items[i].ids) for i in b.indices])), b)
-    t0 = time.perf_counter()
-    with clf.graph_runner().capturing_at_first_sight():  # one pass per shape: capture it now, not when it comes back
-        for _ in clf.classify_passes(items, list(shapes.values())):
-            pass
-    return {"wall_s": round(time.perf_counter() - t0, 3), "passes": len(shapes), **(clf.graph_stats() or {})}
+    wall_s = capture_plan(clf, items, list(shapes.values()))  # one pass per shape: captured now, not when it returns
+    return {"wall_s": wall_s, "passes": len(shapes), **(clf.graph_stats() or {})}

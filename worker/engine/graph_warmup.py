@@ -73,15 +73,18 @@ def warm_up(clf) -> dict | None:
             items += [dataclasses.replace(base, ids=_cycle(base.ids, n)) for n in lengths]
             plan.append(Pass(indices, tuple(clf.cost_length(items[i]) for i in indices)))
     before = runner.captures
+    wall_s = capture_plan(clf, items, plan)
+    return {"passes": len(plan), "captures": runner.captures - before, "wall_s": wall_s}
+
+
+def capture_plan(clf, items, plan) -> float:
+    """Run ``plan`` once, every new shape captured at its first sight (a warm-up runs each shape once, to be
+    replayed later); the seconds it took. The worker's start-up and the bench's warm-ups both run this."""
     t0 = time.perf_counter()
-    with runner.capturing_at_first_sight():
+    with clf.graph_runner().capturing_at_first_sight():
         for _ in clf.classify_passes(items, plan):
             pass
-    return {
-        "passes": len(plan),
-        "captures": runner.captures - before,
-        "wall_s": round(time.perf_counter() - t0, 3),
-    }
+    return round(time.perf_counter() - t0, 3)
 
 
 def _cycle(ids: tuple[int, ...], n: int) -> tuple[int, ...]:
