@@ -6,7 +6,6 @@ Job.delete, then the queue's, registries' and worker's keys by their unique name
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from rq.serializers import JSONSerializer
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from tests.metrics_scrape import scrape
 from worker import rq_jobs
+from worker.bench.redis_mode import log_events
 from worker.engine.task import DEFAULT_LABELS
 from worker.redis_server import free_port
 from worker.rqbatch import BatchWorker, plain
@@ -135,13 +135,7 @@ def _run_to_exit(h, *flags: str, expect: int = 0, **kw: str) -> None:
 
 
 def _log_events(h, event: str) -> list[dict]:
-    out = []
-    for line in h.log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            if rec.get("event") == event:
-                out.append(rec)
-    return out
+    return [e for e in log_events(h.log.read_text(errors="replace")) if e.get("event") == event]
 
 
 def _wait_for(predicate, what: str, timeout_s: float = 120.0) -> None:

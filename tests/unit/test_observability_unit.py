@@ -71,8 +71,7 @@ def _window_metrics(stats: RunStats) -> WindowMetrics:
 def _feed(m, passes: list[tuple[int, int, float]]) -> None:
     """What the loop does: each pass, then the written outcome, then the window."""
     run = _run(passes)
-    for p in run.pass_stats:
-        m.on_pass(p)
+    m.on_passes(run)
     m.on_written(_written())
     m.on_window(_window_metrics(run))
 

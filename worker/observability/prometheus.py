@@ -8,7 +8,7 @@ dashboards translate: ``te_request_success`` -> ``triage_request_success_total``
 a *pass*; a *window* (one drain of the stream) has no TEI counterpart and is named
 ``triage_window_*``. docs/worker.md lists every metric with PromQL.
 
-The loop only calls a few hooks (``set_model``, ``set_phase``, ``reconnected``, ``on_pass``,
+The loop only calls a few hooks (``set_model``, ``set_phase``, ``reconnected``, ``on_passes``,
 ``on_written``, ``on_window``, ``on_graphs``) on ``current()``, the RQ batch worker some of them and
 ``on_settled`` (no windows, no stream); with metrics off that is the no-op ``Metrics`` and
 ``prometheus_client`` is never imported. Neither torch nor Redis is imported here.
@@ -69,7 +69,7 @@ class Metrics:
         pass
 
     # the stream loop's own objects (PassStats, written Outcome, WindowMetrics)
-    def on_pass(self, stats: Any) -> None:
+    def on_passes(self, run: Any) -> None:
         pass
 
     def on_written(self, written: Any) -> None:
@@ -229,11 +229,13 @@ class PrometheusMetrics(Metrics):
     def reconnected(self) -> None:
         self.reconnects.inc()
 
-    def on_pass(self, stats: Any) -> None:
-        """After each forward call: the engine's ``PassStats``."""
-        self.batch_next_size.observe(stats.items)
-        self.batch_next_tokens.observe(stats.padded_tokens)
-        self.batch_inference_duration.observe(stats.infer_ms / 1000.0)
+    def on_passes(self, run: Any) -> None:
+        """After a planned pass: each forward call it took (``RunStats.pass_stats``: one, or one per ticket after
+        the pass failed and its tickets were re-run alone)."""
+        for p in run.pass_stats:
+            self.batch_next_size.observe(p.items)
+            self.batch_next_tokens.observe(p.padded_tokens)
+            self.batch_inference_duration.observe(p.infer_ms / 1000.0)
 
     def on_written(self, written: Any) -> None:
         """After each write: the ``Outcome`` actually written (entries another worker took over are not in it)."""

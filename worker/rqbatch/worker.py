@@ -204,8 +204,7 @@ class BatchWorker(BaseWorker):
                         stats.items += res.stats.items
                         stats.merge(res.stats)
                         split_retries += res.split_retries
-                        for p in res.stats.pass_stats:
-                            prometheus.current().on_pass(p)
+                        prometheus.current().on_passes(res.stats)
                         for i, pred in zip(res.indices, res.predictions):
                             if isinstance(pred, Exception):
                                 ready[i].fail(pred)

@@ -232,7 +232,7 @@ class _Loop:
                 failed_alone=sum(isinstance(p, Exception) for p in res.predictions),
             )
         self.log.info("pass", **pass_line(m.window, index, res.stats, split_retries=res.split_retries))
-        prometheus.current().on_pass(res.stats)
+        prometheus.current().on_passes(res.stats)
 
     def _on_written(self, job: WindowJob, written: Outcome) -> None:
         """After each write (writer thread): count what was written and acked."""
