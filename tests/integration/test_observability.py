@@ -247,3 +247,61 @@ def test_metrics_port_in_use_is_a_config_error_before_the_model_loads(triage_env
     err = w.events("metrics_unavailable")
     assert err and err[0]["port"] == port and "TRIAGE_METRICS_PORT" in err[0]["fix"]
     assert not w.events("model_loaded")
+
+
+WINDOW = 128  # long tickets: ~2 s for the one pass on a 2-core box
+
+
+def test_a_warm_stop_mid_pass_shows_stopping_in_the_heartbeat_and_the_metrics(triage_env, redis_url):
+    """SIGTERM while a long pass runs: the heartbeat and the phase gauge say ``stopping`` (with the pass's clock)
+    until the exit, so ops can tell a worker finishing its window from a busy one; the window is still written."""
+    port = free_port()
+    env = env_with(
+        triage_env,
+        TRIAGE_CONSUMER="stopping-a",
+        TRIAGE_METRICS_PORT=port,
+        TRIAGE_METRICS_HOST="127.0.0.1",
+        TRIAGE_HEARTBEAT_TTL_S=1,  # a beat every ~0.33 s, several within one pass
+        TRIAGE_WINDOW_MAX_ITEMS=WINDOW,
+        TRIAGE_PASS_MAX_ITEMS=WINDOW,
+        TRIAGE_PASS_MAX_TOKENS=10**6,
+        TRIAGE_MAX_INPUT_TOKENS=512,
+        TRIAGE_MAX_WAIT_MS=0,
+    )
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    key = env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + "stopping-a"
+    text = "my parcel is late and the invoice is wrong, please help me with the refund of the order " * 30
+    beats: list[dict] = []
+    phases: list[float] = []  # the gauge's stopping value, one per scrape
+    with client.pipeline() as pipe:  # queued before the start: one window of them, one pass
+        for i in range(WINDOW):
+            pipe.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"s-{i}", "text": f"{text} #{i}"})
+        pipe.execute()
+    w = start_worker(env)
+    with w:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the pass is running
+            raw = client.get(key)
+            if raw and json.loads(raw)["phase"] == "inferring":
+                break
+            time.sleep(0.01)
+        w.signal(signal.SIGTERM)
+        while w.returncode is None and time.monotonic() < deadline:
+            raw = client.get(key)
+            if raw:
+                beats.append(json.loads(raw))
+            try:
+                phases.append(scrape(port)[("triage_worker_phase", (("phase", "stopping"),))])
+            except OSError:  # exited meanwhile
+                pass
+            time.sleep(0.02)
+        assert w.wait(timeout_s=60) == 0, w.stderr_tail()
+    (window,) = w.events("window")
+    # the test means something only if the pass outlasted the beats it was meant to be seen by
+    assert window["infer_ms"] > 1000, f"pass too short to test: {window['infer_ms']} ms"
+    stopping = [b for b in beats if b["phase"] == "stopping"]
+    assert stopping and isinstance(stopping[0]["pass_started_at_ms"], int), beats[-3:]
+    assert {b["phase"] for b in beats} <= {"inferring", "stopping"}, beats
+    assert 1.0 in phases and phases[-1] == 1.0, phases
+    assert client.xlen(env["TRIAGE_RESULTS_STREAM"]) == WINDOW  # the warm stop finished the window in hand
+    assert client.get(key) is None

@@ -32,6 +32,8 @@ from worker.rqbatch import BatchWorker, plain
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_IDLE = ("triage_worker_phase", (("phase", "idle"),))
+WORKER_INFERRING = ("triage_worker_phase", (("phase", "inferring"),))
+WORKER_STOPPING = ("triage_worker_phase", (("phase", "stopping"),))
 RQ_CLI = str(Path(sys.executable).with_name("rq"))
 LABELS = set(DEFAULT_LABELS)
 TICKETS = [
@@ -55,6 +57,19 @@ class StallingBatchWorker(BatchWorker):
     def _classify(self, entries):
         self.connection.set(self.queue_names()[0] + ":in-pass", ",".join(e.job.id for e in entries), ex=600)
         time.sleep(600)
+
+
+class HeldPassBatchWorker(BatchWorker):
+    """The real batch worker whose pass waits, marked by ``<queue>:in-pass``, until the test sets
+    ``<queue>:release``: a long pass whose end the test chooses."""
+
+    def _classify(self, entries):
+        queue = self.queue_names()[0]
+        self.connection.set(queue + ":in-pass", 1, ex=600)
+        deadline = time.monotonic() + 120
+        while not self.connection.exists(queue + ":release") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return super()._classify(entries)
 
 
 class FailingPassBatchWorker(BatchWorker):
@@ -268,6 +283,33 @@ def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_warm_stop_mid_pass_shows_stopping_in_the_metrics_and_finishes_the_batch(rq_setup):
+    """SIGTERM during a long pass: RQ's handler only sets its flag; the batch heartbeat's next beat moves the phase
+    gauge to ``stopping`` (ops see a worker finishing its batch, not a busy one), then the batch is recorded."""
+    h, q = rq_setup, rq_setup.queue
+    jobs = enqueue_tickets(q, TICKETS[:3])
+    h.jobs += jobs
+    port = free_port()
+    held = "tests.integration.test_rq.HeldPassBatchWorker"
+    metrics = {"TRIAGE_METRICS_PORT": str(port), "TRIAGE_METRICS_HOST": "127.0.0.1"}
+    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class=held, **metrics)
+    try:
+        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the batch's pass")
+        assert scrape(port)[WORKER_INFERRING] == 1
+        proc.send_signal(signal.SIGTERM)
+        _wait_for(lambda: scrape(port)[WORKER_STOPPING] == 1, "the phase gauge to say stopping")
+        assert scrape(port)[WORKER_INFERRING] == 0
+        h.conn.set(q.name + ":release", 1, ex=600)
+        assert proc.wait(timeout=60) == 0, h.log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for job in jobs:
+        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
 
 
 def test_a_metrics_port_in_use_stops_the_batch_worker_before_the_model_loads(rq_setup):

@@ -211,6 +211,8 @@ def test_render_shows_phase_and_pass_age_when_the_heartbeat_has_them():
     text = render(snap, "redis://r:6379/0")
     assert "inferring 3.0s (pass 2.0s)" in text and "gpu-1-42" in text and "bundled:smollm2" in text
     assert "backlog 800  pending 64" in text and "p99 1.5 s" in text and "(bad_meta 1)" in text
+    stopping = _worker("gpu-1-42", {**beat, "phase": "stopping"}, None, 0, NOW, claim_idle_ms=60_000)
+    assert "stopping 3.0s (pass 2.0s)" in render({**snap, "workers": [stopping]}, "redis://r:6379/0")
 
 
 def test_worker_row_counts_windows_from_new_and_old_heartbeats():
@@ -224,3 +226,27 @@ def test_worker_row_counts_windows_from_new_and_old_heartbeats():
     assert _worker("new", beat, None, 0, NOW, claim_idle_ms=60_000)["windows"] == 3
     old = {"beat_at_ms": NOW, "batches": 7, "items": 9}
     assert _worker("old", old, None, 0, NOW, claim_idle_ms=60_000)["windows"] == 7
+
+
+def test_a_stop_shows_as_stopping_from_the_next_beat_and_keeps_a_running_pass_clock():
+    """The signal handler only sets the event; the keeper's next snapshot shows ``stopping`` (the pass in flight
+    keeps its clock), and every later phase the loop enters stays ``stopping`` until the exit."""
+    import threading
+
+    from worker.stream.health import Status
+
+    seen: list[str] = []
+    stop = threading.Event()
+    status = Status(on_phase=seen.append, stop=stop)
+    status.pass_started()
+    started = status.snapshot()["pass_started_at_ms"]
+    assert status.snapshot()["phase"] == "inferring" and isinstance(started, int)
+    stop.set()
+    beat = status.snapshot()
+    assert beat["phase"] == "stopping" and beat["pass_started_at_ms"] == started
+    status.pass_started()  # the next pass of the window in hand still runs, under its own clock
+    assert status.snapshot()["phase"] == "stopping" and status.snapshot()["pass_started_at_ms"] is not None
+    status.set_phase("writing")
+    beat = status.snapshot()
+    assert beat["phase"] == "stopping" and beat["pass_started_at_ms"] is None
+    assert seen == ["inferring", "stopping"]

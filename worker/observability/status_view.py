@@ -55,7 +55,7 @@ def _row(w: dict[str, Any], window: str) -> tuple[str, ...]:
     phase = w["phase"] or "-"
     if w["phase"] and w["phase_age_s"] is not None:
         phase += f" {_dur(w['phase_age_s'])}"
-    if w["pass_age_s"] is not None and w["phase"] == "inferring":
+    if w["pass_age_s"] is not None and w["phase"] in ("inferring", "stopping"):  # a pass runs
         phase += f" (pass {_dur(w['pass_age_s'])})"
     return (
         w["consumer"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,9 +24,10 @@ log = logging.getLogger("triage.rq")
 
 
 class BatchHeartbeat:
-    def __init__(self, worker: BaseWorker, entries: list[Entry]):
+    def __init__(self, worker: BaseWorker, entries: list[Entry], on_beat: Callable[[], None] | None = None):
         self.worker = worker
         self.entries = entries
+        self.on_beat = on_beat  # e.g. the metrics phase, which a signal handler must not touch
         self.interval_s = max(1, int(worker.job_monitoring_interval))
         self.ttl_s = self.interval_s + 60
         self._stop = threading.Event()
@@ -43,6 +45,8 @@ class BatchHeartbeat:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()
+                if self.on_beat is not None:
+                    self.on_beat()
             except Exception as e:  # a missed beat is retried next interval; the batch goes on
                 log.warning("rq batch heartbeat failed: %s", e)
 

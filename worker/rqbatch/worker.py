@@ -121,13 +121,13 @@ class BatchWorker(BaseWorker):
         if self._jobs_left is not None:
             limit = max(1, min(limit, self._jobs_left))
         batch = [(job, queue)]
-        prometheus.current().set_phase("reading")
+        self._set_phase("reading")
         intake.fill(self, batch, limit, self.settings.max_wait_ms / 1000)
         fill_ms = (time.perf_counter() - t0) * 1000
         self.run_batch([Entry(job=j, queue=q) for j, q in batch], fill_ms=fill_ms)
         self._stopped_job_id = None  # a stop-job command cannot cut one job out of a forward pass; it is void now
         self.set_state(WorkerStatus.IDLE)
-        prometheus.current().set_phase("idle")
+        self._set_phase("idle")
         if self._jobs_left is not None:
             self._jobs_left -= len(batch)
             if self._jobs_left <= 0:
@@ -145,10 +145,11 @@ class BatchWorker(BaseWorker):
         stats, split_retries = RunStats(), 0
         if accepted:
             outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
-            with BatchHeartbeat(self, accepted):  # until every callback has run; recording is quick
-                prometheus.current().set_phase("inferring")
+            # until every callback has run (recording is quick); its beats show a stop requested mid-pass
+            with BatchHeartbeat(self, accepted, on_beat=self._show_stop):
+                self._set_phase("inferring")
                 stats, split_retries = self._classify(accepted)
-                prometheus.current().set_phase("writing")
+                self._set_phase("writing")
                 ended = now()
                 for e in accepted:
                     e.job.ended_at = ended
@@ -224,6 +225,19 @@ class BatchWorker(BaseWorker):
         results = [{"latency_ms": latency_ms(e.job), "tokens": e.pred.n_tokens} for e in ok]
         metrics.on_settled(results, [str(e.error[1]) for e in failed])
         metrics.on_graphs(self.clf.graph_stats())
+
+    def _set_phase(self, phase: str) -> None:
+        """The metrics phase, or ``stopping`` once a warm shutdown was requested: the signal handler only sets
+        RQ's flag (a metric's lock taken inside a handler could deadlock), this shows it at the next step."""
+        prometheus.current().set_phase("stopping" if self._stop_requested else phase)
+
+    def _show_stop(self) -> None:
+        if self._stop_requested:
+            self._set_phase("stopping")
+
+    def teardown(self) -> None:
+        self._set_phase("stopping")  # --burst done, --max-jobs reached, or a stop while idle
+        super().teardown()
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Executions live job_monitoring_interval + 60 s between heartbeats (BatchHeartbeat keeps them alive)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import redis
 
-PHASES = ("starting", "reading", "inferring", "writing", "idle")
+PHASES = ("starting", "reading", "inferring", "writing", "idle", "stopping")
 
 
 def now_ms() -> int:
@@ -27,38 +27,46 @@ def now_ms() -> int:
 
 
 class Status:
-    """The loop's current phase and counters; written by the loop, read by the heartbeat thread."""
+    """The loop's current phase and counters; written by the loop, read by the heartbeat thread.
 
-    def __init__(self, on_phase: Callable[[str], None] | None = None) -> None:
+    Once ``stop`` is set (a warm shutdown, ``--drain`` done) the phase is ``stopping`` until the exit: ops see a
+    worker finishing what it holds, not one that looks busy. A pass it finishes meanwhile keeps its clock
+    (``pass_started_at_ms``). The signal handler only sets the event; the phase moves at the loop's next step or
+    the keeper's next beat, never inside the handler (which could interrupt a holder of this lock)."""
+
+    def __init__(self, on_phase: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> None:
         self._lock = threading.Lock()
         self._on_phase = on_phase  # e.g. the Prometheus phase gauge
+        self._stop = stop
         self.phase = "starting"
         self.phase_since_ms = now_ms()
         self.pass_started_at_ms: int | None = None
         self.counters: dict[str, int] = {"windows": 0, "items": 0, "dead_lettered": 0}
 
-    def set_phase(self, phase: str) -> None:
-        assert phase in PHASES, phase
+    def _shown(self, phase: str) -> str:
+        return "stopping" if self._stop is not None and self._stop.is_set() else phase
+
+    def _move(self, phase: str, pass_clock: str) -> None:
+        """Enter ``phase`` (a no-op if already there); the pass clock is kept, cleared or started."""
         with self._lock:
+            t = now_ms()
             changed = phase != self.phase
             if changed:
-                self.phase, self.phase_since_ms = phase, now_ms()
-            if phase != "inferring":
-                self.pass_started_at_ms = None
+                self.phase, self.phase_since_ms = phase, t
+            if pass_clock != "keep":
+                self.pass_started_at_ms = t if pass_clock == "start" else None
         if changed and self._on_phase is not None:
             self._on_phase(phase)
+
+    def set_phase(self, phase: str) -> None:
+        assert phase in PHASES, phase
+        self._move(self._shown(phase), "keep" if phase == "inferring" else "clear")
 
     def pass_started(self) -> None:
         """Phase "inferring" and the pass clock start together, so a reader never sees one without the other.
 
         The clock stays until the phase moves on: between two passes of a window the last pass's start shows."""
-        with self._lock:
-            changed = self.phase != "inferring"
-            self.pass_started_at_ms = now_ms()
-            if changed:
-                self.phase, self.phase_since_ms = "inferring", self.pass_started_at_ms
-        if changed and self._on_phase is not None:
-            self._on_phase("inferring")
+        self._move(self._shown("inferring"), "start")
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -67,6 +75,8 @@ class Status:
 
     def snapshot(self) -> dict:
         """Phase and counters; ``batches`` repeats ``windows`` for probes written before the rename."""
+        if self._shown(self.phase) != self.phase:  # a stop the loop has not seen yet (a pass still running)
+            self._move("stopping", "keep")
         with self._lock:
             return {
                 "phase": self.phase,

@@ -151,8 +151,9 @@ class _Loop:
                 code, why = EXIT_FAILED, f"reader crashed: {type(item).__name__}: {item}"
                 break
             self._maybe_summary()
+        self.shutdown.stop.set()  # the loop is done: the reader stops; the phase says "stopping" until the exit
         if self.writer.failed is None:
-            self.status.set_phase("writing")
+            self.status.set_phase("stopping")
             self.writer.close()  # everything handed over is written and acked before the exit
             if self.writer.failed is not None:
                 code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)

@@ -52,7 +52,7 @@ def start(settings, *, drain: bool) -> Started | int:
             return EXIT_OK
         return EXIT_REDIS if ready == "unreachable" else EXIT_CONFIG
 
-    status = Status(on_phase=prometheus.current().set_phase)
+    status = Status(on_phase=prometheus.current().set_phase, stop=shutdown.stop)
     heartbeat = Heartbeat(
         client,
         settings.heartbeat_key_prefix,
