@@ -11,7 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 from types import SimpleNamespace
 
 import pytest
@@ -131,22 +134,32 @@ def _delete_rq_keys(h, key_prefix: str) -> None:
     h.conn.srem("rq:workers", f"rq:worker:{h.worker_name}")
 
 
-def _start_worker(h, *flags: str, worker_class: str = "worker.rqbatch.BatchWorker", **env: str) -> subprocess.Popen:
+@contextmanager
+def _running(h, *flags: str, worker_class: str = "worker.rqbatch.BatchWorker", **env: str) -> Iterator[Popen]:
+    """An ``rq worker`` process (logging to ``h.log``) for the block; killed at its end if still running."""
     cmd = [RQ_CLI, "worker", "--worker-class", worker_class, "--serializer", "rq.serializers.JSONSerializer"]
     cmd += ["--url", h.url, "--name", h.worker_name, *flags, h.queue.name]
-    log = open(h.log, "wb")
-    return subprocess.Popen(cmd, cwd=REPO, env={**h.env, **env}, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _run_to_exit(h, *flags: str, expect: int = 0, **kw: str) -> None:
-    """Run a batch worker with --burst until it exits on its own (queue empty, or a start-up error): with ``expect``."""
-    proc = _start_worker(h, "--burst", *flags, **kw)
+    with open(h.log, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**h.env, **env}, stdout=log, stderr=subprocess.STDOUT)
     try:
-        assert proc.wait(timeout=120) == expect, h.log.read_text()
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _run_to_exit(h, *flags: str, expect: int = 0, **kw: str) -> None:
+    """Run a batch worker with --burst until it exits on its own (queue empty, or a start-up error): with ``expect``."""
+    with _running(h, "--burst", *flags, **kw) as proc:
+        assert proc.wait(timeout=120) == expect, h.log.read_text()
+
+
+def _assert_labelled(h, jobs) -> None:
+    """Every job finished, with a label of the task as its return value."""
+    for job in jobs:
+        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
 
 
 def _log_events(h, event: str) -> list[dict]:
@@ -236,9 +249,7 @@ def test_a_failing_pass_fails_only_the_job_that_breaks_it(rq_setup):
     h.jobs += [*good, breaker]
     one_pass = {"TRIAGE_PASS_MAX_TOKENS": "100000", "TRIAGE_PASS_OVERHEAD_TOKENS": "100000"}  # all in one pass
     _run_to_exit(h, worker_class="tests.integration.test_rq.FailingPassBatchWorker", **one_pass)
-    for job in good:
-        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
-        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
+    _assert_labelled(h, good)
     breaker = Job.fetch(breaker.id, connection=h.conn, serializer=JSONSerializer)
     assert breaker.get_status() == JobStatus.FAILED
     assert "illegal memory access" in breaker.latest_result().exc_string
@@ -255,8 +266,7 @@ def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
     empty = enqueue_ticket(q, "   ")
     h.jobs += [*good, no_text, empty]
     port = free_port()
-    proc = _start_worker(h, TRIAGE_METRICS_PORT=str(port), TRIAGE_METRICS_HOST="127.0.0.1")
-    try:
+    with _running(h, TRIAGE_METRICS_PORT=str(port), TRIAGE_METRICS_HOST="127.0.0.1") as proc:
         m: dict = {}
 
         def settled_and_idle() -> bool:
@@ -279,10 +289,6 @@ def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
         assert m[("triage_window_size_count", ())] == 0  # a window is the stream worker's
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_warm_stop_mid_pass_shows_stopping_in_the_metrics_and_finishes_the_batch(rq_setup):
@@ -294,8 +300,7 @@ def test_a_warm_stop_mid_pass_shows_stopping_in_the_metrics_and_finishes_the_bat
     port = free_port()
     held = "tests.integration.test_rq.HeldPassBatchWorker"
     metrics = {"TRIAGE_METRICS_PORT": str(port), "TRIAGE_METRICS_HOST": "127.0.0.1"}
-    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class=held, **metrics)
-    try:
+    with _running(h, "--job-monitoring-interval", "1", worker_class=held, **metrics) as proc:
         _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the batch's pass")
         assert scrape(port)[WORKER_INFERRING] == 1
         proc.send_signal(signal.SIGTERM)
@@ -303,13 +308,7 @@ def test_a_warm_stop_mid_pass_shows_stopping_in_the_metrics_and_finishes_the_bat
         assert scrape(port)[WORKER_INFERRING] == 0
         h.conn.set(q.name + ":release", 1, ex=600)
         assert proc.wait(timeout=60) == 0, h.log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    for job in jobs:
-        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
-        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
+    _assert_labelled(h, jobs)
 
 
 def test_a_metrics_port_in_use_stops_the_batch_worker_before_the_model_loads(rq_setup):
@@ -329,22 +328,15 @@ def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
     in_hand = enqueue_tickets(q, TICKETS[:3])
     h.jobs += in_hand
     # A long fill wait: the worker holds these 3 jobs, waiting for more, when SIGTERM arrives.
-    proc = _start_worker(h, TRIAGE_WINDOW_MAX_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000")
     worker_key = f"rq:worker:{h.worker_name}"
-    try:
+    with _running(h, TRIAGE_WINDOW_MAX_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000") as proc:
         _wait_for(lambda: q.count == 0 and h.conn.hget(worker_key, "state") == b"busy", "the worker to take the batch")
         proc.send_signal(signal.SIGTERM)
         _wait_for(lambda: h.conn.hexists(worker_key, "shutdown_requested_date"), "the warm shutdown request")
         late = enqueue_tickets(q, TICKETS[3:5])
         h.jobs += late
         assert proc.wait(timeout=60) == 0, h.log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    for job in in_hand:
-        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
-        assert job.get_status() == JobStatus.FINISHED and job.return_value()["label"] in LABELS
+    _assert_labelled(h, in_hand)
     for job in late:
         assert Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.QUEUED
     assert q.get_job_ids() == [j.id for j in late]
@@ -443,16 +435,11 @@ def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup,
     h.jobs += [good, refused]
     env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.integration.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
     stalling = "tests.integration.test_rq.StallingBatchWorker"
-    proc = _start_worker(h, "--job-monitoring-interval", "1", worker_class=stalling, **env)
-    try:
+    with _running(h, "--job-monitoring-interval", "1", worker_class=stalling, **env) as proc:
         _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
         in_pass = h.conn.get(q.name + ":in-pass").decode()
         proc.kill()  # kill -9 mid-pass
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     # As if its executions' heartbeats had run out (job_monitoring_interval + 60 s later):
     registry = q.started_job_registry
     h.conn.zadd(registry.key, {m: 1 for m in h.conn.zrange(registry.key, 0, -1)}, xx=True)
