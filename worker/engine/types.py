@@ -119,7 +119,8 @@ class RunStats:
         self.pass_stats.append(p)
 
     def merge(self, other: RunStats) -> None:
-        """Add another run's pass counters (not ``items``: the caller knows how many tickets it handled)."""
+        """Add another run's counters, its items included (a window or an RQ batch adding up its passes)."""
+        self.items += other.items
         self.passes += other.passes
         self.real_tokens += other.real_tokens
         self.padded_tokens += other.padded_tokens

@@ -202,7 +202,6 @@ class BatchWorker(BaseWorker):
                 with self.death_penalty_class(timeout_s, JobTimeoutException, job_id=ready[0].job.id):
                     plan = self.clf.plan(items)
                     for res in run_passes(self.clf.classify_passes, plan, items, fatal=(JobTimeoutException,)):
-                        stats.items += res.stats.items
                         stats.merge(res.stats)
                         split_retries += res.split_retries
                         prometheus.current().on_passes(res.stats)

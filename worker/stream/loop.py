@@ -204,7 +204,6 @@ class _Loop:
                 return
             self.status.pass_started()
             res = next(passes)
-            job.metrics.stats.items += res.stats.items
             job.metrics.stats.merge(res.stats)
             job.metrics.split_retries += res.split_retries
             self._on_pass(job.metrics, k, res)
