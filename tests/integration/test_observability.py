@@ -33,6 +33,7 @@ from tests.worker_proc import (
     wait_settled,
 )
 from worker import __version__
+from worker.redis_server import free_port
 from worker.stream.reader import Reader
 
 GOOD_TEXTS = [
@@ -48,12 +49,6 @@ BAD = {  # ticket id -> (fields, the reason class its dead letter must be counte
     "bad-latin1": ({"id": "bad-latin1", "text": "caf\u00e9".encode("latin-1")}, "not_utf8"),
 }
 GHOST_ENTRIES = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

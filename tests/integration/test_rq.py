@@ -53,23 +53,15 @@ def record_failure(job, connection, exc_type, exc_value, tb):
     connection.set(job.meta["mark"], exc_type.__name__, ex=600)
 
 
-class StallingBatchWorker(BatchWorker):
-    """The real batch worker whose forward pass never ends (a long pass on a big model): it
-    marks ``<queue>:in-pass`` in Redis and sleeps, so a test can kill -9 it mid-pass."""
-
-    def _classify(self, entries):
-        self.connection.set(self.queue_names()[0] + ":in-pass", ",".join(e.job.id for e in entries), ex=600)
-        time.sleep(600)
-
-
 class HeldPassBatchWorker(BatchWorker):
-    """The real batch worker whose pass waits, marked by ``<queue>:in-pass``, until the test sets
-    ``<queue>:release``: a long pass whose end the test chooses."""
+    """The real batch worker whose forward pass waits (a long pass on a big model) until the test sets
+    ``<queue>:release``, or for ten minutes: it marks ``<queue>:in-pass`` with the pass's job ids, so a test can
+    stop or kill -9 it mid-pass."""
 
     def _classify(self, entries):
         queue = self.queue_names()[0]
-        self.connection.set(queue + ":in-pass", 1, ex=600)
-        deadline = time.monotonic() + 120
+        self.connection.set(queue + ":in-pass", ",".join(e.job.id for e in entries), ex=600)
+        deadline = time.monotonic() + 600
         while not self.connection.exists(queue + ":release") and time.monotonic() < deadline:
             time.sleep(0.05)
         return super()._classify(entries)
@@ -434,8 +426,8 @@ def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup,
     )
     h.jobs += [good, refused]
     env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.integration.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
-    stalling = "tests.integration.test_rq.StallingBatchWorker"
-    with _running(h, "--job-monitoring-interval", "1", worker_class=stalling, **env) as proc:
+    held = "tests.integration.test_rq.HeldPassBatchWorker"  # never released: killed mid-pass
+    with _running(h, "--job-monitoring-interval", "1", worker_class=held, **env) as proc:
         _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
         in_pass = h.conn.get(q.name + ":in-pass").decode()
         proc.kill()  # kill -9 mid-pass
