@@ -87,7 +87,7 @@ def build_classifier(
     prompt = Classifier(loaded, task, options, encoder=encoder, head_prompt=head_prompt)
     scorer = choose_scorer(prompt, settings)
     bias = calibration_bias(prompt, settings, scorer)
-    return prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias)
+    return measure_overhead(prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias), settings)
 
 
 def features_classifier(
@@ -105,6 +105,19 @@ def features_classifier(
     options = engine_options(prompt_scoring(settings), loaded.model.device)
     task = task or task_from_settings(settings)
     return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
+
+
+def measure_overhead(clf: Classifier, settings: Settings) -> Classifier:
+    """``clf`` with ``TRIAGE_PASS_OVERHEAD_TOKENS=auto`` resolved: off CUDA, measured on its own passes, scorer
+    included (``engine.overhead``); a number the user set, or CUDA's default, is kept as it is. Feature
+    extraction (``features_classifier``: fit, eval) has no scorer to time and plans with ``UNMEASURED_OVERHEAD``."""
+    import dataclasses
+
+    from worker.engine import overhead
+
+    if settings.pass_overhead_tokens == "auto" and not _on_cuda(clf.device):
+        clf.options = dataclasses.replace(clf.options, pass_overhead_tokens=overhead.measure(clf))
+    return clf
 
 
 def backbones(
@@ -146,6 +159,8 @@ GPU_PASS_DEFAULTS = {"pass_max_items": 2048, "pass_max_tokens": 32768, "pass_ove
 # A window on CUDA when TRIAGE_WINDOW_MAX_ITEMS is not set: two passes' worth, so the window's reads and writes
 # are amortised over thousands of tickets (TRIAGE_WINDOW_TARGET_S still bounds it by measured time).
 GPU_WINDOW_MAX_ITEMS = 4096
+# TRIAGE_PASS_OVERHEAD_TOKENS=auto off CUDA until ``measure_overhead`` has timed the built classifier's passes.
+UNMEASURED_OVERHEAD = 32
 
 
 def _on_cuda(device) -> bool:
@@ -166,6 +181,9 @@ def engine_options(settings: Settings, device=None) -> EngineOptions:
     caps = {k: getattr(settings, k) for k in GPU_PASS_DEFAULTS}
     if _on_cuda(device):
         caps.update({k: v for k, v in GPU_PASS_DEFAULTS.items() if k not in settings.model_fields_set})
+    if caps["pass_overhead_tokens"] == "auto":  # CUDA: the GPU default; elsewhere measured once the model is built
+        on_cuda = _on_cuda(device)
+        caps["pass_overhead_tokens"] = GPU_PASS_DEFAULTS["pass_overhead_tokens"] if on_cuda else UNMEASURED_OVERHEAD
     return EngineOptions(
         max_input_tokens=settings.max_input_tokens,
         truncate=settings.truncate,

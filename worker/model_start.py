@@ -13,7 +13,8 @@ from typing import Any
 
 
 def start_model(settings, log) -> tuple[Any, dict[str, Any]]:
-    """(classifier, facts for the ready log line: load_ms, torch_threads, tokenize_threads, cuda_graphs_warm_up)."""
+    """(classifier, facts for the ready log line: load_ms, torch_threads, tokenize_threads, pass_overhead_tokens,
+    cuda_graphs_warm_up)."""
     from worker.assemble import build_classifier
     from worker.engine.device import tokenize_threads
     from worker.logs import route_transformers_logs
@@ -27,6 +28,7 @@ def start_model(settings, log) -> tuple[Any, dict[str, Any]]:
         "load_ms": round((time.perf_counter() - t0) * 1000),
         "torch_threads": _torch_threads(),
         "tokenize_threads": tokenize_threads(),
+        "pass_overhead_tokens": clf.options.pass_overhead_tokens,  # TRIAGE_PASS_OVERHEAD_TOKENS=auto: measured
         "cuda_graphs_warm_up": graphs,
     }
 

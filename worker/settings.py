@@ -46,6 +46,17 @@ def _default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _auto_or_at_least(floor: int, expected: str):
+    """A field validator for ``int | "auto"`` settings: numbers below ``floor`` are refused with what is expected."""
+
+    def check(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < floor:
+            raise ValueError(f"must be {expected}")
+        return v
+
+    return classmethod(check)
+
+
 class Settings(BaseSettings):
     """Every knob of the worker, engine and its Redis wiring (``TRIAGE_<NAME>``)."""
 
@@ -110,12 +121,12 @@ class Settings(BaseSettings):
         description="Token budget per forward pass: padded (items x longest) for padded passes, real tokens for "
         "packed ones. CUDA default 32768 when unset.",
     )
-    pass_overhead_tokens: int = Field(
-        32,
-        ge=0,
+    pass_overhead_tokens: int | Literal["auto"] = Field(
+        "auto",
         validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
         description="Fixed cost of one forward call in token-equivalents; trades padding against more calls "
-        "(padded passes; CUDA default 2048 when unset).",
+        "(padded passes). auto = measured at start-up on CPU/MPS (the same row timed alone and 8 to a pass), "
+        "2048 on CUDA; N = N.",
     )
     attention: Literal["auto", "padded", "packed"] = Field(
         "auto",
@@ -196,19 +207,15 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Log level for triage and libraries.")
     log_summary_s: float = Field(30.0, gt=0, description="Period of the summary log line.")
 
-    @field_validator("torch_threads")
-    @classmethod
-    def _threads_not_negative(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 0:
-            raise ValueError("must be 'auto', 0 (torch's default) or a positive number of threads")
-        return v
-
-    @field_validator("tokenize_threads")
-    @classmethod
-    def _tokenize_threads_positive(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be 'auto' or a positive number of threads")
-        return v
+    _torch_threads_valid = field_validator("torch_threads")(
+        _auto_or_at_least(0, "'auto', 0 (torch's default) or a positive number of threads")
+    )
+    _tokenize_threads_valid = field_validator("tokenize_threads")(
+        _auto_or_at_least(1, "'auto' or a positive number of threads")
+    )
+    _pass_overhead_valid = field_validator("pass_overhead_tokens")(
+        _auto_or_at_least(0, "'auto' or a number of tokens >= 0")
+    )
 
     @field_validator("labels")
     @classmethod

@@ -57,6 +57,27 @@ def test_bench_classifier_is_the_workers_classifier(variant, tiny_model_dir, tmp
     assert torch.get_num_threads() == threads
 
 
+def test_auto_pass_overhead_is_measured_on_the_classifier_that_serves(tiny_model_dir, tmp_path, monkeypatch):
+    """TRIAGE_PASS_OVERHEAD_TOKENS=auto (the default): the builder times the passes of the classifier it returns,
+    scorer included, and the planner prices passes with what it measured."""
+    from worker.assemble import build_classifier
+    from worker.engine import bucketing, overhead
+    from worker.settings import Settings
+
+    timed = []
+    real_measure = overhead.measure
+    monkeypatch.setattr(overhead, "measure", lambda clf: timed.append(clf) or real_measure(clf))
+    s = Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path, pass_max_tokens=900)
+    assert s.pass_overhead_tokens == "auto"
+    clf = build_classifier(s)
+    assert timed == [clf] and clf.scorer.kind == "head"  # the one that serves: the head fitted at start-up
+    measured = clf.options.pass_overhead_tokens
+    assert isinstance(measured, int) and 0 <= measured <= 900
+    items = clf.prepare_valid([f"ticket {i} " + "word " * (i % 13) for i in range(40)])
+    lengths = [clf.cost_length(p) for p in items]
+    assert clf.plan(items) == bucketing.plan_passes(lengths, 64, 900, measured)
+
+
 # ------------------------------------------------------------ deprecated setting names
 def test_old_batch_settings_still_work_and_warn_once(monkeypatch, tiny_model_dir, tmp_path, caplog):
     import logging

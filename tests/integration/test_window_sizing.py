@@ -36,6 +36,8 @@ def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
     loaded = w.events("model_loaded")[0]
     assert loaded["tokenize_threads"] == 3  # the reader tokenizes on the library's pool
     assert "cuda_graphs_warm_up" in loaded and loaded["cuda_graphs_warm_up"] is None  # no CUDA graphs on a CPU
+    # TRIAGE_PASS_OVERHEAD_TOKENS=auto (unset): measured at start-up, within the pass budget
+    assert isinstance(loaded["pass_overhead_tokens"], int) and 0 <= loaded["pass_overhead_tokens"] <= 8192
 
     ready = w.events("worker_ready")[0]
     assert (ready["window_max_items"], ready["window_target_s"], ready["window_probe_items"]) == (64, 0.001, 16)
@@ -50,8 +52,15 @@ def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
 
 
 def test_target_zero_keeps_fixed_windows(triage_env, redis_url):
-    env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=0, TRIAGE_WINDOW_MAX_ITEMS=24, TRIAGE_PASS_MAX_ITEMS=8)
+    env = env_with(
+        triage_env,
+        TRIAGE_WINDOW_TARGET_S=0,
+        TRIAGE_WINDOW_MAX_ITEMS=24,
+        TRIAGE_PASS_MAX_ITEMS=8,
+        TRIAGE_PASS_OVERHEAD_TOKENS=7,
+    )
     r, w = _drain(env, redis_url, "wf", "where is parcel {}")
+    assert w.events("model_loaded")[0]["pass_overhead_tokens"] == 7  # a number set is used as it is, not measured
 
     assert {e["cap_items"] for e in w.events("window")} == {24}
     assert len(r.xrange(env["TRIAGE_RESULTS_STREAM"])) == N

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 PURE = (
     "worker.engine.types",
     "worker.engine.bucketing",
+    "worker.engine.overhead",
     "worker.engine.constants",
     "worker.engine.task",
     "worker.stream.messages",
@@ -39,6 +40,7 @@ PURE = (
 NUMPY_FREE = (
     "worker.engine.types",
     "worker.engine.bucketing",
+    "worker.engine.overhead",
     "worker.stream.messages",
     "worker.stream.records",
     "worker.stream.metrics",

@@ -65,6 +65,7 @@ def run_redis(
         out["redis_parser"] = ready.get("redis_parser")
         loaded = next((e for e in events if e.get("event") == "model_loaded"), {})
         out["cuda_graphs_start_up"] = loaded.get("cuda_graphs_warm_up")  # full-pass shapes, before worker_ready
+        out["pass_overhead_tokens"] = loaded.get("pass_overhead_tokens")  # the worker's own ("auto": its measurement)
         done_ms = [int(_s(results[f"t{i}"][b"classified_at_ms"])) - ready_ms for i in range(len(texts))]
         batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0

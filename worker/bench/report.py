@@ -234,7 +234,8 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"max {workload['text_tokens'].get('max')} "
         f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
         f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
-        f"overhead {settings['pass_overhead_tokens']} tokens (modes 4-6; mode 6 windows of {_windows(settings)}); "
+        f"overhead {settings['pass_overhead_tokens']} tokens{_measured(settings)} "
+        f"(modes 4-6; mode 6 windows of {_windows(settings)}); "
         f"fixed batch {settings['fixed_batch_items']} items (modes 2-3); scorer {settings['scorer']}",
     ]
     if settings.get("attention"):
@@ -312,6 +313,11 @@ def _windows(settings: dict) -> str:
     return f"up to {cap}, sized to {target:g} s of work" if target else str(cap)
 
 
+def _measured(settings: dict) -> str:
+    """ " (measured)" when TRIAGE_PASS_OVERHEAD_TOKENS=auto timed this run's passes (CUDA's default is not measured)."""
+    return " (measured)" if settings.get("pass_overhead_measured") else ""
+
+
 def run_settings(
     settings, clf, *, fixed_batch: int, sequential_n: int | None = None, baseline_n: int | None = None
 ) -> dict:
@@ -322,7 +328,8 @@ def run_settings(
     return {
         "pass_max_items": settings.pass_max_items,
         "pass_max_tokens": settings.pass_max_tokens,
-        "pass_overhead_tokens": settings.pass_overhead_tokens,
+        "pass_overhead_tokens": clf.options.pass_overhead_tokens,  # what the planner used ("auto": measured)
+        "pass_overhead_measured": settings.pass_overhead_tokens == "auto" and clf.device.type != "cuda",
         "window_max_items": window_max_items(settings, clf.device),  # mode 6's: the CUDA default where unset
         "window_target_s": settings.window_target_s,
         "fixed_batch_items": fixed_batch,
@@ -361,7 +368,8 @@ def redis_line(red: dict) -> str:
         f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s (first window read + tokenized in "
         f"{_f(red.get('first_window_s'), 2)}s); enqueue {red['enqueue_s']:.2f}s; "
-        f"process {red['process_s']:.1f}s incl. model load; replies parsed by {red.get('redis_parser') or '?'}"
+        f"process {red['process_s']:.1f}s incl. model load; replies parsed by {red.get('redis_parser') or '?'}; "
+        f"pass overhead {red.get('pass_overhead_tokens', '?')} tokens (the worker's own)"
         + (
             f"; {red['cuda_graph_captures']} CUDA graph captures after worker_ready took "
             f"{red['cuda_graph_capture_s']:.2f}s of its wall time (once per process; "

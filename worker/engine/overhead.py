@@ -1,0 +1,66 @@
+"""The planner's price of one forward call, measured on this model and device (``TRIAGE_PASS_OVERHEAD_TOKENS=auto``).
+
+Why measure: a pass costs a fixed part (Python, kernel launches, setting up attention to the prompt
+prefix) plus a part per token, and their ratio differs by an order of magnitude between the models
+and boxes this runs on. Measured here (2-core Xeon, bf16): ~100 token-equivalents for SmolLM2-135M,
+~900 for the tests' one-layer model, against a fixed guess of 32 that cut a small, fast model's
+windows into 1.7x as many passes as they needed. Measured as ``dtype=auto`` is: a few timed passes
+of the classifier's own path at start-up, the best of each kept (a busy box only ever slows a pass).
+"""
+
+from __future__ import annotations
+
+import time
+
+from worker.engine.types import Prepared
+
+ROW_TOKENS = 48  # cost tokens of the synthetic row: about a short ticket
+ROWS = 8  # rows of the larger timed pass
+REPEATS = 3
+FALLBACK_TOKENS = 32  # a pass cap of one ticket leaves nothing to trade: the planner's old default
+
+
+def overhead_tokens(one_row_s: float, rows_s: float, row_tokens: int, rows: int, cap: int) -> int:
+    """Fixed cost / cost per token, from the same row timed alone and ``rows`` times in one pass, within [0, cap].
+
+    A pass of more rows that costs no more says the fixed part is all there is: ``cap`` (fill every pass)."""
+    per_token_s = (rows_s - one_row_s) / ((rows - 1) * row_tokens)
+    if per_token_s <= 0:
+        return cap
+    fixed_s = one_row_s - per_token_s * row_tokens
+    return int(min(cap, max(0, round(fixed_s / per_token_s))))
+
+
+def measure(clf, repeats: int = REPEATS) -> int:
+    """Token-equivalents of one forward call of ``clf`` (its own ``run_pass``, so what the worker runs is timed)."""
+    o = clf.options
+    row = synthetic_row(clf)
+    tokens = clf.cost_length(row)
+    rows = min(ROWS, o.pass_max_items, o.pass_max_tokens // tokens)
+    if rows < 2:
+        return FALLBACK_TOKENS
+    _seconds(clf, [row] * rows)  # untimed: a fresh model's first pass of a shape pays lazy set-up (kernel choice)
+    best_one = best_rows = float("inf")
+    for _ in range(repeats):  # interleaved: a slow spell of the box hits both sizes alike
+        best_one = min(best_one, _seconds(clf, [row]))
+        best_rows = min(best_rows, _seconds(clf, [row] * rows))
+    return overhead_tokens(best_one, best_rows, tokens, rows, o.pass_max_tokens)
+
+
+def synthetic_row(clf) -> Prepared:
+    """A prepared ticket of ``ROW_TOKENS`` text tokens (fewer where the input limit is lower), framed as any ticket."""
+    text = ["account " * ROW_TOKENS]
+    ids = clf.framing.tokenize(text)[0][:ROW_TOKENS]
+    aux = clf.aux_framing
+    return Prepared(
+        ids=clf.framing.frame(ids),
+        n_text_tokens=min(len(ids), clf.framing.limit),
+        truncated=False,
+        aux_ids=aux.frame(aux.tokenize(text)[0][:ROW_TOKENS]) if aux is not None else (),
+    )
+
+
+def _seconds(clf, items) -> float:
+    t0 = time.perf_counter()
+    clf.run_pass(items)  # waits for the scores: on every device the pass has finished when it returns
+    return time.perf_counter() - t0
