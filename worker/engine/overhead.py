@@ -2,10 +2,11 @@
 
 Why measure: a pass costs a fixed part (Python, kernel launches, setting up attention to the prompt
 prefix) plus a part per token, and their ratio differs by an order of magnitude between the models
-and boxes this runs on. Measured here (2-core Xeon, bf16): ~100 token-equivalents for SmolLM2-135M,
-~900 for the tests' one-layer model, against a fixed guess of 32 that cut a small, fast model's
-windows into 1.7x as many passes as they needed. Measured as ``dtype=auto`` is: a few timed passes
-of the classifier's own path at start-up, the best of each kept (a busy box only ever slows a pass).
+and boxes this runs on. Measured here (2-core Xeon, bf16): 130-200 token-equivalents for SmolLM2-135M,
+~190 for all-MiniLM-L6-v2, 460-970 for the tests' one-layer model, against a fixed guess of 32 that cut
+a small, fast model's windows into 1.7x as many passes as they needed (docs/worker.md, "Pass overhead").
+Measured as ``dtype=auto`` is: a few timed passes of the classifier's own path at start-up, the best
+of each kept (a busy box only ever slows a pass).
 """
 
 from __future__ import annotations
