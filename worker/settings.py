@@ -125,7 +125,7 @@ class Settings(BaseSettings):
         "auto",
         validation_alias=_env("PASS_OVERHEAD_TOKENS", "BATCH_OVERHEAD_TOKENS"),
         description="Fixed cost of one forward call in token-equivalents; trades padding against more calls "
-        "(padded passes). auto = measured at start-up on CPU/MPS (the same row timed alone and 8 to a pass), "
+        "(padded passes). auto = measured at start-up on CPU/MPS (the same row timed alone and 4 to a pass), "
         "2048 on CUDA; N = N.",
     )
     attention: Literal["auto", "padded", "packed"] = Field(
