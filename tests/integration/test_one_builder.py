@@ -58,8 +58,8 @@ def test_bench_classifier_is_the_workers_classifier(variant, tiny_model_dir, tmp
 
 
 def test_auto_pass_overhead_is_measured_on_the_classifier_that_serves(tiny_model_dir, tmp_path, monkeypatch):
-    """TRIAGE_PASS_OVERHEAD_TOKENS=auto (the default): the builder times the passes of the classifier it returns,
-    scorer included, and the planner prices passes with what it measured."""
+    """TRIAGE_PASS_OVERHEAD_TOKENS=auto: the builder times the passes of the classifier it returns, scorer
+    included, and the planner prices passes with what it measured; the default, a number, is used as it is."""
     from worker.assemble import build_classifier
     from worker.engine import bucketing, overhead
     from worker.settings import Settings
@@ -68,7 +68,8 @@ def test_auto_pass_overhead_is_measured_on_the_classifier_that_serves(tiny_model
     real_measure = overhead.measure
     monkeypatch.setattr(overhead, "measure", lambda clf: timed.append(clf) or real_measure(clf))
     s = Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", cache_dir=tmp_path, pass_max_tokens=900)
-    assert s.pass_overhead_tokens == "auto"
+    assert s.pass_overhead_tokens == 32 and build_classifier(s).options.pass_overhead_tokens == 32 and not timed
+    s = s.model_copy(update={"pass_overhead_tokens": "auto"})
     clf = build_classifier(s)
     assert timed == [clf] and clf.scorer.kind == "head"  # the one that serves: the head fitted at start-up
     measured = clf.options.pass_overhead_tokens

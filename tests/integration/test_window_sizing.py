@@ -31,12 +31,13 @@ def test_windows_ask_for_target_seconds_of_measured_work(triage_env, redis_url):
         TRIAGE_WINDOW_MAX_ITEMS=64,
         TRIAGE_PASS_MAX_ITEMS=16,
         TRIAGE_TOKENIZE_THREADS=3,  # not this box's CPU count: the setting, not the default
+        TRIAGE_PASS_OVERHEAD_TOKENS="auto",
     )
     r, w = _drain(env, redis_url, "ws", "my invoice {} shows a double charge")
     loaded = w.events("model_loaded")[0]
     assert loaded["tokenize_threads"] == 3  # the reader tokenizes on the library's pool
     assert "cuda_graphs_warm_up" in loaded and loaded["cuda_graphs_warm_up"] is None  # no CUDA graphs on a CPU
-    # TRIAGE_PASS_OVERHEAD_TOKENS=auto (unset): measured at start-up, within the pass budget
+    # TRIAGE_PASS_OVERHEAD_TOKENS=auto: measured at start-up, within the pass budget
     assert isinstance(loaded["pass_overhead_tokens"], int) and 0 <= loaded["pass_overhead_tokens"] <= 8192
 
     ready = w.events("worker_ready")[0]
