@@ -18,7 +18,7 @@ from worker.engine.types import Prepared
 ROW_TOKENS = 32  # text tokens of the synthetic row: a short ticket
 ROWS = 4  # rows of the larger timed pass (8 measured the same, at 1.7x the start-up time: 1.7 s for SmolLM2 here)
 REPEATS = 3
-FALLBACK_TOKENS = 32  # a pass cap of one ticket leaves nothing to trade: the planner's old default
+FALLBACK_TOKENS = 32  # a pass cap of one ticket leaves nothing to trade: the setting's default
 
 
 def overhead_tokens(one_row_s: float, rows_s: float, row_tokens: int, rows: int, cap: int) -> int:
