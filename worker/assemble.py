@@ -109,15 +109,21 @@ def features_classifier(
 
 def measure_overhead(clf: Classifier, settings: Settings) -> Classifier:
     """``clf`` with ``TRIAGE_PASS_OVERHEAD_TOKENS=auto`` resolved: off CUDA, measured on its own passes, scorer
-    included (``engine.overhead``); a number the user set, or CUDA's default, is kept as it is. Feature
-    extraction (``features_classifier``: fit, eval) has no scorer to time and plans with ``UNMEASURED_OVERHEAD``."""
+    included (``engine.overhead``); a number the user set, or CUDA's default, is kept as it is.
+    Feature extraction (``features_classifier``: fit, eval) has no scorer to time: it plans with
+    ``overhead.FALLBACK_TOKENS``."""
     import dataclasses
 
     from worker.engine import overhead
 
-    if settings.pass_overhead_tokens == "auto" and not _on_cuda(clf.device):
+    if measures_overhead(settings, clf.device):
         clf.options = dataclasses.replace(clf.options, pass_overhead_tokens=overhead.measure(clf))
     return clf
+
+
+def measures_overhead(settings: Settings, device) -> bool:
+    """Whether the builder times the pass overhead on ``device`` (``auto`` off CUDA; CUDA's ``auto`` is its default)."""
+    return settings.pass_overhead_tokens == "auto" and not _on_cuda(device)
 
 
 def backbones(
@@ -159,8 +165,6 @@ GPU_PASS_DEFAULTS = {"pass_max_items": 2048, "pass_max_tokens": 32768, "pass_ove
 # A window on CUDA when TRIAGE_WINDOW_MAX_ITEMS is not set: two passes' worth, so the window's reads and writes
 # are amortised over thousands of tickets (TRIAGE_WINDOW_TARGET_S still bounds it by measured time).
 GPU_WINDOW_MAX_ITEMS = 4096
-# TRIAGE_PASS_OVERHEAD_TOKENS=auto off CUDA until ``measure_overhead`` has timed the built classifier's passes.
-UNMEASURED_OVERHEAD = 32
 
 
 def _on_cuda(device) -> bool:
@@ -176,14 +180,15 @@ def window_max_items(settings: Settings, device=None) -> int:
 
 def engine_options(settings: Settings, device=None) -> EngineOptions:
     """The engine's options from the settings; on CUDA, pass caps the user did not set get GPU defaults."""
+    from worker.engine.overhead import FALLBACK_TOKENS
     from worker.engine.types import EngineOptions
 
+    on_cuda = _on_cuda(device)
     caps = {k: getattr(settings, k) for k in GPU_PASS_DEFAULTS}
-    if _on_cuda(device):
+    if on_cuda:
         caps.update({k: v for k, v in GPU_PASS_DEFAULTS.items() if k not in settings.model_fields_set})
     if caps["pass_overhead_tokens"] == "auto":  # CUDA: the GPU default; elsewhere measured once the model is built
-        on_cuda = _on_cuda(device)
-        caps["pass_overhead_tokens"] = GPU_PASS_DEFAULTS["pass_overhead_tokens"] if on_cuda else UNMEASURED_OVERHEAD
+        caps["pass_overhead_tokens"] = GPU_PASS_DEFAULTS["pass_overhead_tokens"] if on_cuda else FALLBACK_TOKENS
     return EngineOptions(
         max_input_tokens=settings.max_input_tokens,
         truncate=settings.truncate,

@@ -18,7 +18,9 @@ from worker.engine.types import Prepared
 ROW_TOKENS = 32  # text tokens of the synthetic row: a short ticket
 ROWS = 4  # rows of the larger timed pass (8 measured the same, at 1.7x the start-up time: 1.7 s for SmolLM2 here)
 REPEATS = 3
-FALLBACK_TOKENS = 32  # a pass cap of one ticket leaves nothing to trade: the setting's default
+# The setting's default: the price before a measurement, for classifiers that are not timed (feature
+# extraction), and where a pass cap of one ticket leaves nothing to trade.
+FALLBACK_TOKENS = 32
 
 
 def overhead_tokens(one_row_s: float, rows_s: float, row_tokens: int, rows: int, cap: int) -> int:
