@@ -192,6 +192,21 @@ def run_cli(env: dict[str, str], *args: str, timeout_s: float = 60) -> subproces
     )
 
 
+def run_clis(runs: dict, timeout_s: float = 60) -> dict[object, subprocess.CompletedProcess]:
+    """Independent short-lived ``python -m <argv>`` runs, ``{key: (env, argv)}``, four at a time; results by key.
+
+    Each is mostly interpreter and import start-up: one after another, a dozen of them made a slow test."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", *argv]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {key: pool.submit(one, env, argv) for key, (env, argv) in runs.items()}
+    return {key: f.result() for key, f in futures.items()}
+
+
 def make_env(model_dir, redis_url: str, key_prefix: str, cache_dir, **overrides: object) -> dict[str, str]:
     """The same environment as conftest's ``triage_env`` fixture, for module-scoped workers
     (one process shared by several tests); delete the keys with ``delete_keys(redis_url, key_prefix)``."""

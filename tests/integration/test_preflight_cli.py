@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.unit.test_preflight import BAD_URL
-from tests.worker_proc import REPO, env_with, run_cli
+from tests.worker_proc import REPO, env_with, run_cli, run_clis
 
 
 # ----------------------------------------------------------------- real processes
@@ -52,21 +52,19 @@ def test_run_refuses_unknown_variables_and_bad_task_files_before_loading_the_mod
 
 
 def test_check_command(triage_env, tmp_path):
-    ok = run_cli(triage_env, "check")
+    broken = env_with(
+        triage_env, TRIAGE_REDIS_URL="redis://127.0.0.1:1/0", TRIAGE_LABELS="only-one", TRIAGE_MODEL=tmp_path / "nope"
+    )
+    runs = {
+        "ok": (triage_env, ["worker", "check"]),
+        "loaded": (triage_env, ["worker", "check", "--model"]),
+        "bad": (broken, ["worker", "check"]),
+    }
+    ok, loaded, bad = run_clis(runs, timeout_s=300).values()
     assert ok.returncode == 0, ok.stderr
     assert "redis:" in ok.stdout and "reachable" in ok.stdout and "task: 5 labels" in ok.stdout
-    loaded = run_cli(triage_env, "check", "--model", timeout_s=300)
     assert loaded.returncode == 0, loaded.stderr
     assert "loaded on cpu" in loaded.stdout
-    bad = run_cli(
-        env_with(
-            triage_env,
-            TRIAGE_REDIS_URL="redis://127.0.0.1:1/0",
-            TRIAGE_LABELS="only-one",
-            TRIAGE_MODEL=str(tmp_path / "nope"),
-        ),
-        "check",
-    )
     errors = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
     assert bad.returncode == 2
     assert {e.split(":")[1].strip() for e in errors} == {"TRIAGE_REDIS_URL", "TRIAGE_LABELS", "TRIAGE_MODEL"}, (
@@ -76,7 +74,10 @@ def test_check_command(triage_env, tmp_path):
 
 # ----------------------------------------------------------------- TRIAGE_ENCODER
 def _encoder_errors(env) -> tuple[int, list[str], str]:
-    r = run_cli(env, "check", "--no-redis")
+    return _check_errors(run_cli(env, "check", "--no-redis"))
+
+
+def _check_errors(r) -> tuple[int, list[str], str]:
     return r.returncode, [x for x in r.stderr.splitlines() if x.startswith("error:")], r.stdout
 
 
@@ -88,16 +89,21 @@ def test_check_and_run_refuse_an_encoder_they_cannot_use(triage_env, tiny_model_
         "TRIAGE_SCORER=prompt": dict(TRIAGE_ENCODER=tiny_bert_dir, TRIAGE_SCORER="prompt"),
         "HF_HUB_OFFLINE=1 forbids": dict(TRIAGE_ENCODER="triage-test-org/not-cached", HF_HUB_CACHE=tmp_path / "hf"),
     }
-    for words, overrides in cases.items():
-        code, errors, _ = _encoder_errors(env_with(triage_env, **overrides))
-        assert code == 2 and len(errors) == 1, (words, errors)
-        assert errors[0].startswith("error: TRIAGE_ENCODER: ") and words in errors[0], errors
     not_a_model = tmp_path / "empty-dir"
     not_a_model.mkdir()
-    code, errors, _ = _encoder_errors(env_with(triage_env, TRIAGE_ENCODER=not_a_model))
-    assert code == 2 and "config.json is missing" in errors[0], errors
+    cases["config.json is missing"] = dict(TRIAGE_ENCODER=not_a_model)
+    runs = {
+        words: (env_with(triage_env, **overrides), ["worker", "check", "--no-redis"])
+        for words, overrides in cases.items()
+    }
     # the worker's start-up preflight: the same reason, as its config_invalid log line, before the model loads
-    r = run_cli(env_with(triage_env, TRIAGE_ENCODER=tiny_model_dir), "run")
+    runs["run"] = (env_with(triage_env, TRIAGE_ENCODER=tiny_model_dir), ["worker", "run"])
+    done = run_clis(runs)
+    r = done.pop("run")
+    for words, checked in done.items():
+        code, errors, _ = _check_errors(checked)
+        assert code == 2 and len(errors) == 1, (words, errors)
+        assert errors[0].startswith("error: TRIAGE_ENCODER: ") and words in errors[0], errors
     recs = [json.loads(x) for x in r.stderr.splitlines()]
     assert r.returncode == 2 and [x["event"] for x in recs] == ["config_invalid"], r.stderr
     assert recs[0]["setting"] == "TRIAGE_ENCODER" and "not a BERT-family encoder" in recs[0]["error"]
@@ -108,14 +114,19 @@ def test_an_uncached_hub_encoder_is_refused_as_offline_only_when_the_user_set_it
     env = env_with(triage_env, TRIAGE_ENCODER="triage-test-org/not-cached", HF_HUB_CACHE=tmp_path / "hf")
     online = {k: v for k, v in env.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     online["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there
-    for user_env, words in (
-        (online, "cannot be reached"),
-        (dict(online, HF_HUB_OFFLINE="1"), "HF_HUB_OFFLINE=1 forbids"),
-    ):
-        code, errors, _ = _encoder_errors(user_env)
+    tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
+    done = run_clis(
+        {
+            "cannot be reached": (online, ["worker", "check", "--no-redis"]),
+            "HF_HUB_OFFLINE=1 forbids": (dict(online, HF_HUB_OFFLINE="1"), ["worker", "check", "--no-redis"]),
+            "verify": (online, ["worker", "verify", "--input", tickets]),
+        }
+    )
+    r = done.pop("verify")
+    for words, checked in done.items():
+        code, errors, _ = _check_errors(checked)
         assert code == 2 and len(errors) == 1 and errors[0].startswith("error: TRIAGE_ENCODER: "), errors
         assert words in errors[0], errors
-    r = run_cli(online, "verify", "--input", str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl"))
     assert r.returncode == 2 and "cannot be reached" in r.stderr and "forbids" not in r.stderr, r.stderr
 
 
@@ -138,16 +149,23 @@ def test_check_wants_a_causal_lm_beside_an_encoder(triage_env, tiny_bert_dir):
 # ----------------------------------------------------------------- eval / fit / verify
 def test_offline_commands_name_a_missing_model_in_one_line(triage_env, tiny_model_dir, tmp_path):
     tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
-    runs = {
-        ("eval", "--model"): run_cli(triage_env, "eval", "--input", tickets, "--model", str(tmp_path / "no-such-dir")),
-        ("fit", "--model"): run_cli(
-            triage_env, "fit", "--input", tickets, "--out", str(tmp_path / "h.safetensors"), "--model", "/no/such/dir"
-        ),
-        ("verify", "TRIAGE_MODEL"): run_cli(
-            env_with(triage_env, TRIAGE_MODEL=tmp_path / "gone"), "verify", "--input", tickets
-        ),
-        ("verify", "--encoder"): run_cli(triage_env, "verify", "--input", tickets, "--encoder", str(tiny_model_dir)),
-    }
+    runs = run_clis(
+        {
+            ("eval", "--model"): (triage_env, ["worker", "eval", "--input", tickets, "--model", str(tmp_path / "no")]),
+            ("fit", "--model"): (
+                triage_env,
+                ["worker", "fit", "--input", tickets, "--out", str(tmp_path / "h.safetensors"), "--model", "/no/such"],
+            ),
+            ("verify", "TRIAGE_MODEL"): (
+                env_with(triage_env, TRIAGE_MODEL=tmp_path / "gone"),
+                ["worker", "verify", "--input", tickets],
+            ),
+            ("verify", "--encoder"): (
+                triage_env,
+                ["worker", "verify", "--input", tickets, "--encoder", str(tiny_model_dir)],
+            ),
+        }
+    )
     for (command, named), r in runs.items():
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert r.returncode == 2 and len(lines) == 1, (command, r.stderr)
@@ -159,14 +177,24 @@ def test_offline_commands_name_a_missing_model_in_one_line(triage_env, tiny_mode
 
 def test_verify_names_a_scorer_the_model_cannot_run_in_one_line(triage_env, tiny_bert_dir):
     tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
-    r = run_cli(
-        env_with(triage_env, TRIAGE_SCORER="prompt"), "verify", "--input", tickets, "--model", str(tiny_bert_dir)
+    runs = run_clis(
+        {
+            "verify": (
+                env_with(triage_env, TRIAGE_SCORER="prompt"),
+                ["worker", "verify", "--input", tickets, "--model", str(tiny_bert_dir)],
+            ),
+            "run": (
+                env_with(triage_env, TRIAGE_SCORER="prompt", TRIAGE_MODEL=tiny_bert_dir),
+                ["worker", "run", "--drain"],
+            ),
+        }
     )
+    r = runs["verify"]
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("triage-worker verify: TRIAGE_SCORER=prompt needs a causal LM's label tokens")
     # the worker finds it only once the model is loaded: one config_invalid line in its log format, exit 2
-    r = run_cli(env_with(triage_env, TRIAGE_SCORER="prompt", TRIAGE_MODEL=tiny_bert_dir), "run", "--drain")
+    r = runs["run"]
     recs = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert recs[-1]["event"] == "config_invalid" and "needs a causal LM's label tokens" in recs[-1]["error"]

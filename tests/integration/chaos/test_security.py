@@ -18,6 +18,7 @@ import pytest
 from tests.integration.chaos.conftest import worker_env
 from tests.integration.chaos.harness import push, read_stream, record, synth_tickets
 from tests.integration.chaos.redis_server import make_tls_files, server_supports_tls
+from tests.worker_proc import run_clis
 
 REPO = Path(__file__).resolve().parents[3]
 SOURCE_DIRS = ("worker", "producer", "bench", "scripts")
@@ -187,14 +188,6 @@ def _assert_no_secret(where: str, text: str) -> None:
         assert SECRET_CORE not in line and SECRET_ENC not in line, f"{where} printed the password: {line[:300]}"
 
 
-def _cli(module: str, env: dict, *args: str, timeout_s: float = 120):
-    import subprocess
-
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s
-    )
-
-
 def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_model_dir, tmp_path):
     """Every URL form, every output path of real processes: the worker's JSON log (worker_starting, a run),
     a console-format start-up failure with its traceback (no locals), healthcheck (live and unreachable),
@@ -221,23 +214,26 @@ def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_mo
     broken.mkdir()
     # a config the preflight accepts (a causal LM) but no weights or tokenizer: the load itself fails
     (broken / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    runs = {}  # label: (env, argv), run four at a time below
     for name, url in forms.items():
         env_c = {**env, "TRIAGE_REDIS_URL": url, "TRIAGE_LOG_FORMAT": "console", "TRIAGE_MODEL": str(broken)}
-        r = _cli("worker", env_c, "run", "--drain")
-        assert r.returncode != 0
-        _assert_no_secret(f"console start-up failure ({name})", r.stdout + r.stderr)
-        assert "Traceback" in r.stderr or "Error" in r.stderr, r.stderr[-2000:]
+        runs[f"console start-up failure ({name})"] = (env_c, ["worker", "run", "--drain"])
 
     # 3. healthcheck against the live server (prints heartbeats) and unreachable ones (prints the error)
-    for name, url in {**forms, **{f"dead-{k}": v for k, v in dead.items()}}.items():
-        r = _cli("worker", {**env, "TRIAGE_REDIS_URL": url}, "healthcheck")
-        _assert_no_secret(f"healthcheck ({name})", r.stdout + r.stderr)
+    every = {**forms, **{f"dead-{k}": v for k, v in dead.items()}}
+    for name, url in every.items():
+        runs[f"healthcheck ({name})"] = ({**env, "TRIAGE_REDIS_URL": url}, ["worker", "healthcheck"])
 
     # 4. producer commands, by env var and by --redis-url, reachable and not
-    for name, url in {**forms, **{f"dead-{k}": v for k, v in dead.items()}}.items():
+    for name, url in every.items():
         for args in (["backlog"], ["--redis-url", url, "backlog"]):
-            r = _cli("producer", {**env, "TRIAGE_REDIS_URL": url}, *args, timeout_s=60)
-            _assert_no_secret(f"producer {' '.join(args[:1])} ({name})", r.stdout + r.stderr)
+            runs[f"producer {' '.join(args[:1])} ({name})"] = ({**env, "TRIAGE_REDIS_URL": url}, ["producer", *args])
+
+    for label, r in run_clis(runs, timeout_s=120).items():
+        _assert_no_secret(label, r.stdout + r.stderr)
+        if label.startswith("console start-up failure"):
+            assert r.returncode != 0, label
+            assert "Traceback" in r.stderr or "Error" in r.stderr, r.stderr[-2000:]
 
     # 5. the RQ batch worker (RQ's CLI, its logs routed through triage's chain)
     rq_cli = str(Path(sys.executable).with_name("rq"))
