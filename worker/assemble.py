@@ -87,7 +87,12 @@ def build_classifier(
     prompt = Classifier(loaded, task, options, encoder=encoder, head_prompt=head_prompt)
     scorer = choose_scorer(prompt, settings)
     bias = calibration_bias(prompt, settings, scorer)
-    return measure_overhead(prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias), settings)
+    from worker.engine import overhead
+
+    clf = prompt if scorer is None and bias is None else prompt.with_scoring(scorer, bias)
+    # TRIAGE_PASS_OVERHEAD_TOKENS=auto is timed on the classifier that serves; feature extraction (fit, eval)
+    # has no scorer to time and plans with overhead.FALLBACK_TOKENS
+    return overhead.resolve(clf, settings.pass_overhead_tokens)
 
 
 def features_classifier(
@@ -105,25 +110,6 @@ def features_classifier(
     options = engine_options(prompt_scoring(settings), loaded.model.device)
     task = task or task_from_settings(settings)
     return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
-
-
-def measure_overhead(clf: Classifier, settings: Settings) -> Classifier:
-    """``clf`` with ``TRIAGE_PASS_OVERHEAD_TOKENS=auto`` resolved: off CUDA, measured on its own passes, scorer
-    included (``engine.overhead``); a number the user set, or CUDA's default, is kept as it is.
-    Feature extraction (``features_classifier``: fit, eval) has no scorer to time: it plans with
-    ``overhead.FALLBACK_TOKENS``."""
-    import dataclasses
-
-    from worker.engine import overhead
-
-    if measures_overhead(settings, clf.device):
-        clf.options = dataclasses.replace(clf.options, pass_overhead_tokens=overhead.measure(clf))
-    return clf
-
-
-def measures_overhead(settings: Settings, device) -> bool:
-    """Whether the builder times the pass overhead on ``device`` (``auto`` off CUDA; CUDA's ``auto`` is its default)."""
-    return settings.pass_overhead_tokens == "auto" and not _on_cuda(device)
 
 
 def backbones(

@@ -323,13 +323,14 @@ def run_settings(
 ) -> dict:
     """The batching settings every mode ran with (the JSON's ``settings``): the worker's, and what the engine made
     of them on this device."""
-    from worker.assemble import measures_overhead, window_max_items
+    from worker.assemble import window_max_items
+    from worker.engine.overhead import measured_here
 
     return {
         "pass_max_items": settings.pass_max_items,
         "pass_max_tokens": settings.pass_max_tokens,
         "pass_overhead_tokens": clf.options.pass_overhead_tokens,  # what the planner used ("auto": measured)
-        "pass_overhead_measured": measures_overhead(settings, clf.device),
+        "pass_overhead_measured": measured_here(settings.pass_overhead_tokens, clf.device),
         "window_max_items": window_max_items(settings, clf.device),  # mode 6's: the CUDA default where unset
         "window_target_s": settings.window_target_s,
         "fixed_batch_items": fixed_batch,

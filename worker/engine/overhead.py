@@ -11,6 +11,7 @@ of each kept (a busy box only ever slows a pass).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from worker.engine.types import Prepared
@@ -32,6 +33,20 @@ def overhead_tokens(one_row_s: float, rows_s: float, row_tokens: int, rows: int,
         return cap
     fixed_s = one_row_s - per_token_s * row_tokens
     return int(min(cap, max(0, round(fixed_s / per_token_s))))
+
+
+def measured_here(requested: int | str, device) -> bool:
+    """Whether ``TRIAGE_PASS_OVERHEAD_TOKENS=requested`` is timed on ``device``: ``auto`` off CUDA (on CUDA
+    ``auto`` means the packed path's default, which ignores the price)."""
+    return requested == "auto" and getattr(device, "type", str(device)) != "cuda"
+
+
+def resolve(clf, requested: int | str):
+    """``clf`` with ``auto`` resolved where it is measured: timed on its own passes, scorer included (the builder
+    calls this on the classifier it returns). A set number, or CUDA's default, stays as ``clf`` has it."""
+    if measured_here(requested, clf.device):
+        clf.options = dataclasses.replace(clf.options, pass_overhead_tokens=measure(clf))
+    return clf
 
 
 def measure(clf, repeats: int = REPEATS) -> int:
