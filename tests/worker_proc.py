@@ -13,6 +13,10 @@ TRIAGE_LOG_FORMAT=json)::
     w = start_worker(env, "run", "--drain")      # any subcommand/args; ready=False to not wait
     assert w.wait(timeout_s=60) == 0
 
+The process is forked from a server that imported torch once (tests/zygote.py) when that is
+indistinguishable from ``python -m worker`` for ``env``, else started with ``python -m worker``;
+``spawn="exec"`` always starts it fresh (a test of what happens at interpreter start).
+
 Leaving the ``with`` block SIGKILLs a worker that is still running, so a failing
 test never leaks a process. Every stderr line is kept (``w.lines``); the ones that
 are JSON objects are also parsed (``w.logs``). ``w.stderr_tail()`` is handy in
@@ -26,7 +30,6 @@ failing on anything written twice).
 
 from __future__ import annotations
 
-import os
 import signal as signals
 import subprocess
 import sys
@@ -35,6 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests import zygote
 from worker.bench.redis_mode import log_events
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,9 +46,10 @@ READY_EVENT = "worker_ready"
 
 
 class WorkerProc:
-    def __init__(self, env: dict[str, str], *args: str):
+    def __init__(self, env: dict[str, str], *args: str, spawn: str = "auto"):
         self.env = dict(env)
         self.args = list(args) or ["run"]
+        self.forked = spawn != "exec" and zygote.forkable(self.env)
         self.lines: list[str] = []  # raw stderr lines
         self.logs: list[dict] = []  # the stderr lines that parsed as JSON objects
         self.stdout_lines: list[str] = []
@@ -54,17 +59,20 @@ class WorkerProc:
 
     # --------------------------------------------------------------- process
     def start(self) -> WorkerProc:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", *self.args],
-            cwd=REPO,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-        )
+        if self.forked:
+            self.proc = zygote.shared().spawn(self.env, self.args)  # type: ignore[assignment]
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker", *self.args],
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+            )
         for stream, sink, parse in ((self.proc.stderr, self.lines, True), (self.proc.stdout, self.stdout_lines, False)):
             t = threading.Thread(target=self._pump, args=(stream, sink, parse), daemon=True)
             t.start()
@@ -167,9 +175,12 @@ class WorkerProc:
         self.kill()
 
 
-def start_worker(env: dict[str, str], *args: str, ready: bool = True, timeout_s: float = 90) -> WorkerProc:
-    """Start ``python -m worker <args>`` (default ``run``); wait for "worker_ready" unless ``ready=False``."""
-    w = WorkerProc(env, *args).start()
+def start_worker(
+    env: dict[str, str], *args: str, ready: bool = True, timeout_s: float = 90, spawn: str = "auto"
+) -> WorkerProc:
+    """Start ``python -m worker <args>`` (default ``run``, forked when it can be: ``spawn``); wait for
+    "worker_ready" unless ``ready=False``."""
+    w = WorkerProc(env, *args, spawn=spawn).start()
     if ready:
         wait_ready_or_kill(w, timeout_s)
     return w
@@ -210,7 +221,7 @@ def run_clis(runs: dict, timeout_s: float = 60) -> dict[object, subprocess.Compl
 def make_env(model_dir, redis_url: str, key_prefix: str, cache_dir, **overrides: object) -> dict[str, str]:
     """The same environment as conftest's ``triage_env`` fixture, for module-scoped workers
     (one process shared by several tests); delete the keys with ``delete_keys(redis_url, key_prefix)``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIAGE_")}
+    env = zygote.base_env()
     env.update(
         TRIAGE_MODEL=str(model_dir),
         TRIAGE_DEVICE="cpu",
@@ -223,10 +234,6 @@ def make_env(model_dir, redis_url: str, key_prefix: str, cache_dir, **overrides:
         TRIAGE_RESULT_KEY_PREFIX=key_prefix + "result:",
         TRIAGE_HEARTBEAT_KEY_PREFIX=key_prefix + "heartbeat:",
         TRIAGE_LOG_FORMAT="json",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",  # workers beside pytest on 2 cores: avoid OpenMP oversubscription
     )
     return env_with(env, **overrides)
 

@@ -61,7 +61,7 @@ def test_first_start_on_the_bundled_model_logs_only_json(triage_env, tmp_path):
     env = env_with(
         triage_env, TRIAGE_MODEL="bundled:smollm2", TRIAGE_CACHE_DIR=tmp_path / "empty-cache", TRIAGE_DTYPE="fp32"
     )
-    w = start_worker(env, "run", "--drain", ready=False)
+    w = start_worker(env, "run", "--drain", ready=False, spawn="exec")  # all of stderr, from interpreter start
     assert w.wait(timeout_s=600) == 0, w.stderr_tail()
     recs = _json_lines("\n".join(w.lines))
     events = [r.get("event", "") for r in recs]

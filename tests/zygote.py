@@ -1,12 +1,13 @@
 """A fork server for worker processes: import torch/transformers/worker once, then fork a
 fresh ``python -m worker <args>`` equivalent per request.
 
-Why: the chaos tests start a dozen workers and kill most of them; on a busy 2-core box each
-cold start spends 10-25 s importing torch, which alone would blow the suite's time budget.
+Why: the integration tests start dozens of workers; each cold start spends ~7 of its ~9 s of
+CPU (2-core box) importing torch and transformers, the largest single cost of the suite.
 A forked child is still a real, separate OS process running the unchanged entry point
-(``worker.cli.main(args)``) with its own environment, stdout/stderr pipes, signals and exit
-code; only the imports are inherited (the way rq's forking workers run jobs). Set
-``TRIAGE_CHAOS_SPAWN=exec`` to start every worker with ``python -m worker`` instead.
+(``worker.cli.main(args)``, errors through the excepthook it installs) with its own
+environment, stdout/stderr pipes, signals and exit code; only the imports are inherited (the
+way rq's forking workers run jobs). ``tests.worker_proc.start_worker`` forks when it can
+(``forkable``); ``TRIAGE_TEST_SPAWN=exec`` starts every worker with ``python -m worker`` instead.
 
 Protocol (AF_UNIX SOCK_SEQPACKET, one JSON object per message):
   test -> server: {"spawn": n, "env": {...}, "args": [...], "cwd": "..."} + fds [stdout, stderr]
@@ -17,6 +18,7 @@ children itself, so it reports their exit codes; EOF on the socket kills the chi
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -24,11 +26,19 @@ import signal
 import socket
 import sys
 import threading
-import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 MAX_MSG = 1 << 20
+# fork (default): workers are forked from a server that imported torch once; exec: `python -m worker`
+SPAWN = os.environ.get("TRIAGE_TEST_SPAWN", "fork").strip().lower()
+# set per test or per xdist process: never read by the worker, so they may differ from the server's
+_PER_TEST = ("TRIAGE_", "PYTEST_")
+# set by the worker itself as it starts (worker/engine/device.py: tokenizer threads, read by tokenizers when it
+# first tokenizes; worker/logs.py: no progress bars on JSON logs, switched off in the libraries already
+# imported too): a test that ran worker code in-process leaves them in os.environ, which must not make every
+# later worker a cold start
+_SET_AT_RUN_TIME = {"RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"}
 
 
 # ---------------------------------------------------------------------- server
@@ -65,8 +75,8 @@ def _child(env: dict, args: list[str], cwd: str, out_fd: int, err_fd: int, sock:
         code = int(main(args) or 0)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - report like the interpreter would, then exit 1
-        traceback.print_exc()
+    except BaseException as e:  # noqa: BLE001 - what the interpreter does: the excepthook main installed, exit 1
+        sys.excepthook(type(e), e, e.__traceback__)
         code = 1
     finally:
         try:
@@ -156,9 +166,10 @@ class Zygote:
     def __init__(self, env: dict[str, str], ready_timeout_s: float = 300):
         import subprocess
 
+        self.env = dict(env)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.chaos.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "tests.zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             cwd=REPO,
             env=env,
@@ -227,6 +238,43 @@ class Zygote:
             except Exception:  # noqa: BLE001
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def base_env() -> dict[str, str]:
+    """Every test worker's environment before its TRIAGE_* settings (the server's too): this process's without
+    per-test variables, offline, and one OpenMP thread (workers beside pytest on 2 cores: no oversubscription)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_PER_TEST)}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    return env
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(_PER_TEST) and k not in _SET_AT_RUN_TIME}
+
+
+def forkable(env: dict[str, str]) -> bool:
+    """Whether a child forked from the server behaves as ``python -m worker`` with ``env`` would.
+
+    The worker reads TRIAGE_* when it runs, but the interpreter, torch, transformers and huggingface_hub
+    read other variables (HF_HUB_OFFLINE, HF_HUB_CACHE, OMP_NUM_THREADS, PYTHONPATH...) when imported,
+    which in a child happened in the server. So: fork only when every other variable is the server's."""
+    if SPAWN == "exec":
+        return False
+    server_env = _shared[0].env if _shared else base_env()
+    return _import_time(env) == _import_time(server_env)
+
+
+_shared: list[Zygote] = []
+_shared_lock = threading.Lock()
+
+
+def shared() -> Zygote:
+    """This test process's fork server, started on first use (its imports are paid once) and closed at exit."""
+    with _shared_lock:
+        if not _shared:
+            _shared.append(Zygote(base_env()))
+            atexit.register(_shared[0].close)
+        return _shared[0]
 
 
 if __name__ == "__main__":
