@@ -46,15 +46,13 @@ def test_kill9_mid_batch_then_second_worker_reclaims_everything(triage_env, redi
     with start_worker(
         env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_WINDOW_MAX_ITEMS=8, TRIAGE_PASS_MAX_ITEMS=8)
     ) as a:
-        # the rescuer's start-up (seconds of imports) overlaps the victim's last moments;
-        # it cannot read anything before the victim is frozen a few milliseconds from now
+        stranded = _freeze_with_pending(r, triage_env, a, victim)
+        # started after the freeze, so it cannot read anything before it (a forked start takes under a second)
         b = start_worker(
             env_with(triage_env, TRIAGE_CONSUMER=rescuer, TRIAGE_CLAIM_IDLE_MS=300), "run", "--drain", ready=False
         )
-        stranded = _freeze_with_pending(r, triage_env, a, victim)
         a.kill()  # kill -9: no shutdown code runs
     assert own_pending(r, triage_env, victim) == stranded > 0
-    assert not b.events("worker_ready"), "the rescuer started too early for this test to mean anything"
     with b:
         assert b.wait(120) == 0, b.stderr_tail()
     assert b.events("entries_claimed"), b.stderr_tail()
