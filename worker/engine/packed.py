@@ -29,6 +29,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from worker.engine import varlen
+from worker.engine.transfer import upload
 
 IMPL = "triage_packed"
 
@@ -154,7 +155,7 @@ def prefix_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], length: i
     """[1, Hkv, P, D] cache tensors -> contiguous [P, Hkv, D] (done once per prefix)."""
     conv = tuple((k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()) for k, v in layers)
     dev = conv[0][0].device if conv else torch.device("cpu")
-    return PrefixLayers(layers=conv, length=length, cu=torch.tensor([0, length], dtype=torch.int32, device=dev))
+    return PrefixLayers(layers=conv, length=length, cu=upload(torch.tensor([0, length], dtype=torch.int32), dev))
 
 
 def call_decoder(model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, call: PackedCall) -> torch.Tensor:
@@ -167,7 +168,7 @@ def call_decoder(model: PreTrainedModel, ids: torch.Tensor, pos: torch.Tensor, c
     from worker.engine.forward import decoder
 
     if call.cu_all is None or call.cu_all.device != ids.device:
-        call.cu_all = torch.tensor([0, ids.shape[0]], dtype=torch.int32).to(ids.device)
+        call.cu_all = upload(torch.tensor([0, ids.shape[0]], dtype=torch.int32), ids.device)
     with packed_attention(model):
         out = decoder(model)(input_ids=ids[None], position_ids=pos[None], use_cache=False, triage_packed=call)
     return out.last_hidden_state[0]
@@ -239,26 +240,26 @@ def run_packed(
         if got is not None:
             hidden, kv = got
     if hidden is None:
-        call = PackedCall(kernel=kernel, cu_q=cu.to(dev), max_q=layout.max_len, prefix=players, keep_kv=keep_cache)
-        hidden = call_decoder(model, ids.to(dev), pos.to(dev), call)
+        call = PackedCall(kernel=kernel, cu_q=upload(cu, dev), max_q=layout.max_len, prefix=players, keep_kv=keep_cache)
+        hidden = call_decoder(model, upload(ids, dev), upload(pos, dev), call)
         kv = call.kv
     lens = torch.tensor(layout.lengths, dtype=torch.long)
     last = torch.tensor(layout.starts, dtype=torch.long) + lens - 1
-    h_last = hidden.index_select(0, last.to(dev))
+    h_last = hidden.index_select(0, upload(last, dev))
     h_mean = None
     if mean_pool:
         keep = offset >= pool_from
         tok, seg = torch.nonzero(keep).squeeze(1), row[keep]
         sums = torch.zeros(len(rows), hidden.shape[-1], dtype=torch.float32, device=dev)
-        sums.index_add_(0, seg.to(dev), hidden.index_select(0, tok.to(dev)).float())
-        counts = torch.bincount(seg, minlength=len(rows)).clamp(min=1).to(dev, torch.float32)
+        sums.index_add_(0, upload(seg, dev), hidden.index_select(0, upload(tok, dev)).float())
+        counts = upload(torch.bincount(seg, minlength=len(rows)).clamp(min=1).float(), dev)
         h_mean = sums / counts[:, None]
     return ForwardOut(
         h_last=h_last,
         h_mean=h_mean,
         cache=None,
         attention_mask=None,
-        next_pos=(lens + past).to(dev),
+        next_pos=upload(lens + past, dev),
         packed=PackedState(layout, kv, players, kernel, lens + past) if keep_cache else None,
     )
 
@@ -303,16 +304,16 @@ def run_continuations(model: PreTrainedModel, state: PackedState, inputs: Sequen
     cu_k = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(ctx_len, 0)]).to(torch.int32)
     call = PackedCall(
         kernel=state.kernel,
-        cu_q=cu_q.to(dev),
+        cu_q=upload(cu_q, dev),
         max_q=width,
         prefix=state.prefix,
-        ctx_index=ctx_index.to(dev),
-        cu_k=cu_k.to(dev),
+        ctx_index=upload(ctx_index, dev),
+        cu_k=upload(cu_k, dev),
         max_k=int(ctx_len.max()),
         base_kv=state.kv,
     )
-    hidden = call_decoder(model, ids.to(dev), pos.to(dev), call)  # [q_total, H]
+    hidden = call_decoder(model, upload(ids, dev), upload(pos, dev), call)  # [q_total, H]
     out = hidden.new_zeros(n, m, width, hidden.shape[-1])
     seg_col = torch.arange(m).repeat(n)[q_seg]
-    out[seg_row[q_seg].to(dev), seg_col.to(dev), q_off.to(dev)] = hidden
+    out[upload(seg_row[q_seg], dev), upload(seg_col, dev), upload(q_off, dev)] = hidden
     return out

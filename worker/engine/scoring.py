@@ -18,6 +18,9 @@ from worker.engine.compat import cache_kwarg
 from worker.engine.forward import ForwardOut, decoder, padded_rows
 from worker.engine.labels import LabelTokens
 
+# float32 logits per chunk of ``token_logprobs`` (256 MiB: ~440 positions of a 152k-token vocabulary)
+LOGITS_BYTES = 1 << 28
+
 
 class Scorer(Protocol):
     kind: str  # "prompt", "head", ...: what the scores come from (logs, checks)
@@ -42,25 +45,32 @@ class PromptScorer:
         self._w = head.weight.detach().index_select(0, rows).float()  # [U, H]
         bias = getattr(head, "bias", None)
         self._b = bias.detach().index_select(0, rows).float() if bias is not None else None
+        # index tensors on the device once: a Python list as an index is a blocking host-to-device copy per pass
+        dev = head.weight.device
+        self._first_col = torch.tensor(labels.first_col, dtype=torch.long, device=dev)
+        self._multi = torch.tensor(labels.multi, dtype=torch.long, device=dev)
+        # continuations of the multi-token labels: inputs (host lists), targets and mask [M, W] (device)
+        seqs = [labels.sequences[j] for j in labels.multi]
+        self._inputs = [s[:-1] for s in seqs]
+        self._cont_rows = tuple(t.to(dev) for t in _continuation_rows(seqs)) if seqs else None
 
     @torch.inference_mode()
     def scores(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
         first = fwd.h_last.float() @ self._w.T
         if self._b is not None:
             first = first + self._b
-        out = first[:, list(self.labels.first_col)].clone()
+        out = first.index_select(1, self._first_col)
         if self.labels.multi:
-            out[:, list(self.labels.multi)] += self._continuations(model, fwd)
+            out.index_add_(1, self._multi, self._continuations(model, fwd))
         return out
 
     def _continuations(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
         """Sum of log p(label token k | context, label tokens < k) for k >= 1, for every multi-token label."""
         dev = fwd.h_last.device
-        seqs = [self.labels.sequences[j] for j in self.labels.multi]
         if fwd.packed is not None:
-            return self._continuations_packed(model, fwd, seqs)
-        m, b = len(seqs), fwd.h_last.shape[0]
-        inp, tgt, valid = _continuation_rows(seqs)
+            return self._continuations_packed(model, fwd)
+        m, b = len(self._inputs), fwd.h_last.shape[0]
+        inp, tgt, valid = self._cont_rows
         width = inp.shape[1]
         # rows ordered (ticket i, label r): ticket-major
         rep = torch.arange(b, device=dev).repeat_interleave(m)
@@ -69,26 +79,38 @@ class PromptScorer:
                 (layer.keys.index_select(0, rep), layer.values.index_select(0, rep)) for layer in fwd.cache.layers
             ]
         )
-        inp, tgt, valid = inp.to(dev).repeat(b, 1), tgt.to(dev).repeat(b, 1), valid.to(dev).repeat(b, 1)
+        inp, tgt, valid = inp.repeat(b, 1), tgt.repeat(b, 1), valid.repeat(b, 1)
         mask = torch.cat([fwd.attention_mask.index_select(0, rep), valid], dim=1)
         pos = fwd.next_pos.index_select(0, rep)[:, None] + torch.arange(width, device=dev)[None, :]
         dec = decoder(model)
         out = dec(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kwarg(dec): cache})
-        logits = model.get_output_embeddings()(out.last_hidden_state).float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        logp = token_logprobs(model, out.last_hidden_state, tgt)
         return (logp * valid).sum(-1).view(b, m)
 
-    def _continuations_packed(self, model: PreTrainedModel, fwd: ForwardOut, seqs) -> torch.Tensor:
+    def _continuations_packed(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
         """The same sums after a packed pass: one small packed call over every (ticket, label) continuation."""
         from worker.engine.packed import run_continuations
 
-        hidden = run_continuations(model, fwd.packed, [s[:-1] for s in seqs])  # [B, M, W, H]
-        b, m, width = hidden.shape[:3]
-        _, tgt, valid = _continuation_rows(seqs)
-        dev = hidden.device
-        logits = model.get_output_embeddings()(hidden).float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.to(dev).expand(b, m, width).unsqueeze(-1)).squeeze(-1)
-        return (logp * valid.to(dev)).sum(-1)
+        hidden = run_continuations(model, fwd.packed, self._inputs)  # [B, M, W, H]
+        _, tgt, valid = self._cont_rows
+        logp = token_logprobs(model, hidden, tgt.expand(hidden.shape[:3]))
+        return (logp * valid).sum(-1)
+
+
+def token_logprobs(model: PreTrainedModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target | hidden state) at every position ([..., H] states, [...] targets), in float32.
+
+    The full-vocabulary normaliser is computed a chunk of positions at a time, at most ``LOGITS_BYTES`` of float32
+    logits each: 2,048 tickets x a few multi-token labels x Qwen's 152k-token vocabulary would be tens of GB at once.
+    """
+    head = model.get_output_embeddings()
+    flat, tgt = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
+    step = max(1, LOGITS_BYTES // (4 * head.weight.shape[0]))
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    for s in range(0, flat.shape[0], step):
+        logits = head(flat[s : s + step]).float()
+        out[s : s + step] = (logits.gather(-1, tgt[s : s + step]) - torch.logsumexp(logits, -1, keepdim=True))[:, 0]
+    return out.view(targets.shape)
 
 
 def _continuation_rows(seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
