@@ -260,12 +260,12 @@ import time
 from worker.engine.graphs import log_captured
 from worker.logs import configure_logging, get_logger
 configure_logging("json", "INFO")
-log_captured(tokens=256, rows=8, longest=64, max_abs_diff=0.0, capture_ms=900.0)  # start-up warm-up: before ready
+log_captured(tokens=256, rows=8, longest=64, max_rel_diff=0.0, capture_ms=900.0)  # start-up warm-up: before ready
 time.sleep(0.02)
 get_logger("triage.worker").info("worker_ready")
 time.sleep(0.02)
-log_captured(tokens=4096, rows=64, longest=128, max_abs_diff=1e-3, capture_ms=100.0)
-log_captured(tokens=32768, rows=512, longest=256, max_abs_diff=2e-3, capture_ms=250.5)
+log_captured(tokens=4096, rows=64, longest=128, max_rel_diff=1e-3, capture_ms=100.0)
+log_captured(tokens=32768, rows=512, longest=256, max_rel_diff=2e-3, capture_ms=250.5)
 """
 
 

@@ -36,6 +36,9 @@ log = logging.getLogger("triage.engine")
 MAX_GRAPHS = 32  # distinct shapes captured per classifier; later new shapes run eagerly
 CAPTURE_AT_SIGHT = 2  # a new shape is captured on its second pass (the first runs eagerly)
 CAPTURED_EVENT = "cuda_graph_captured"
+# A replay may differ from its eager pass by rounding only (the same kernels); a value baked into the graph
+# (a stale length or offset) puts whole rows off by ~100%.
+REPLAY_TOLERANCE = 1e-2
 
 
 @dataclass
@@ -183,23 +186,29 @@ class GraphRunner:
         self.captures += 1
         # check: the real pass by replay == the real pass eagerly
         eager_call = PackedCall(kernel=kernel, cu_q=cu.to(dev), max_q=longest, prefix=prefix)
-        want = call_decoder(self.model, ids.to(dev), pos.to(dev), eager_call)[: layout.total].float()
+        want = call_decoder(self.model, ids.to(dev), pos.to(dev), eager_call)[: layout.total]
         self._load(g, ids, pos, cu)
         graph.replay()
-        got = g.hidden[: layout.total].float()
-        err = (got - want).abs().max().item()
-        tol = 2e-2 * want.abs().max().item() + 1e-3
-        if not err <= tol:
-            self._disable(f"replay differs from the eager pass (max |diff| {err:.3g} > {tol:.3g})")
+        err = replay_error(g.hidden[: layout.total], want)
+        if not err <= REPLAY_TOLERANCE:
+            self._disable(f"replay differs from the eager pass (relative error {err:.3g} > {REPLAY_TOLERANCE})")
             return None
         # the check ended with a host sync (.item()): capture_ms is the capture's whole cost
-        log_captured(tokens=tokens, rows=rows, longest=longest, max_abs_diff=err, capture_ms=_ms(t0))
+        log_captured(tokens=tokens, rows=rows, longest=longest, max_rel_diff=err, capture_ms=_ms(t0))
         return g
 
     def _disable(self, why: str) -> None:
         log.warning("CUDA graphs off for this process, packed passes run eagerly: %s", why)
         self.enabled = False
         self.graphs.clear()
+
+
+def replay_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest relative difference of one token's hidden state, replay against eager: ``|got - want| / |want|``
+    per token ([tokens, H]). Per token, because a few outlier channels (Qwen's massive activations) would make any
+    tolerance on the whole pass's largest value blind to a row of garbage elsewhere."""
+    got, want = got.float(), want.float()
+    return ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp(min=1e-6)).max().item()
 
 
 def log_captured(**fields) -> None:
