@@ -237,6 +237,31 @@ def assert_user_text_is_plain(clf: Classifier) -> None:
     assert "<|im_end|>" in clf.tokenizer.decode(text_ids)  # still there, as plain text
 
 
+@pytest.mark.parametrize("attention", ["padded", "packed"])
+def test_a_ticket_whose_states_overflow_fails_alone_and_is_never_labelled(tiny_model_dir, attention):
+    """An overflow (here: inf in the residual stream, from a token whose embedding is inf) makes one ticket's
+    scores NaN. The pass is re-run ticket by ticket: that ticket fails with the reason, the others keep their
+    labels, and no label is ever decided from NaN scores."""
+    from worker.engine.isolation import run_passes
+    from worker.engine.results import NonFiniteScores
+
+    loaded = load_model(str(tiny_model_dir), torch.device("cpu"), torch.float32, tiny_model_dir / "cache")
+    clf = make(loaded, attention=attention)
+    items = clf.prepare_valid(TEXTS[:9])
+    want = clf.classify(items)[0]
+    others = set(clf.template.prefix_ids).union(*(items[i].ids for i in range(9) if i != 4))
+    token = next(t for t in items[4].ids if t not in others)  # in ticket 4 only
+    emb = loaded.model.get_input_embeddings()
+    with torch.no_grad():
+        emb.weight = torch.nn.Parameter(emb.weight.clone())  # untied from the LM head: only the input overflows
+        emb.weight[token] = float("inf")
+    results = list(run_passes(clf.classify_passes, clf.plan(items), items))
+    got = {i: p for r in results for i, p in zip(r.indices, r.predictions)}
+    assert isinstance(got[4], NonFiniteScores) and "TRIAGE_DTYPE" in str(got[4])
+    assert [got[i].label for i in range(9) if i != 4] == [want[i].label for i in range(9) if i != 4]
+    assert sum(r.split_retries for r in results) > 1  # its pass was re-run ticket by ticket
+
+
 def test_control_tokens_typed_in_a_ticket_are_plain_text(loaded):
     assert_user_text_is_plain(make(loaded))
 

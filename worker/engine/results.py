@@ -36,10 +36,22 @@ def decide(probs: np.ndarray, names: Sequence[str], threshold: float, fallback: 
     return [fallback if u else names[k] for k, u in zip(top.tolist(), low.tolist())]
 
 
+class NonFiniteScores(ValueError):
+    """A pass's label scores hold NaN or infinity: a numeric overflow in the model (fp16 can overflow where bf16
+    and fp32 do not). Raised for the whole pass, so its tickets are re-run one by one (``isolation``) and only
+    a ticket that overflows alone is dead-lettered, with this as the reason: never written as a label."""
+
+
 def predictions(
     log_scores: np.ndarray, items: Sequence[Prepared], names: Sequence[str], threshold: float, fallback: str
 ) -> list[Prediction]:
     """One ``Prediction`` per row of calibrated [B, J] log-scores (the score bias already subtracted)."""
+    finite = np.isfinite(log_scores).all(axis=1)
+    if not finite.all():
+        raise NonFiniteScores(
+            f"the model's label scores are not finite (NaN or inf) for {int((~finite).sum())} of {len(finite)} "
+            "tickets: a numeric overflow; TRIAGE_DTYPE=bf16 or fp32 avoids those fp16 causes"
+        )
     probs = softmax(log_scores)
     decided = decide(probs, names, threshold, fallback)
     return [
