@@ -6,10 +6,12 @@ later, at the few positions that matter (see ``scoring``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -47,6 +49,15 @@ def decoder(model: PreTrainedModel) -> torch.nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
+def flat_ids(rows: Sequence[Sequence[int]], total: int | None = None) -> torch.Tensor:
+    """Every row's token ids in order, as one long host tensor (``total``: their count, when known).
+
+    Through numpy: ~4x faster than ``torch.tensor`` of a flattened list (32k tokens, a full GPU pass: 1.8 vs
+    6.8 ms on a 2-core EPYC), host time that every pass spends before its device work."""
+    chain = itertools.chain.from_iterable(rows)
+    return torch.from_numpy(np.fromiter(chain, dtype=np.int64, count=-1 if total is None else total))
+
+
 def padded_rows(
     rows: Sequence[Sequence[int]], pad_id: int, pad_to: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,7 +68,7 @@ def padded_rows(
     lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
     real = torch.arange(max(int(lens.max()), pad_to or 0))[None, :] < lens[:, None]
     ids = torch.full(real.shape, pad_id, dtype=torch.long)
-    ids[real] = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # row-major: each row's tokens in order
+    ids[real] = flat_ids(rows, int(lens.sum()))  # row-major: each row's tokens in order
     return ids, lens, real.long()
 
 

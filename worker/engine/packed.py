@@ -29,6 +29,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from worker.engine import varlen
+from worker.engine.forward import flat_ids
 from worker.engine.transfer import upload
 
 IMPL = "triage_packed"
@@ -197,7 +198,7 @@ def stream_tensors(rows: Sequence[Sequence[int]], layout: Layout, past: int, pad
     lens = torch.tensor(layout.lengths, dtype=torch.long)
     starts = torch.tensor(layout.starts, dtype=torch.long)
     ids = torch.full((layout.padded_total,), pad_id, dtype=torch.long)
-    ids[: layout.total] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+    ids[: layout.total] = flat_ids(rows, layout.total)
     row = torch.repeat_interleave(torch.arange(len(rows)), lens, output_size=layout.total)
     offset = torch.arange(layout.total) - starts[row]
     pos = torch.zeros(layout.padded_total, dtype=torch.long)
@@ -289,7 +290,7 @@ def run_continuations(model: PreTrainedModel, state: PackedState, inputs: Sequen
     seg_len = w.repeat(n)  # segments ticket-major: (row 0, input 0), (row 0, input 1), ...
     seg_row = torch.arange(n).repeat_interleave(m)
     seg_qstart = torch.cumsum(seg_len, 0) - seg_len
-    ids = torch.tensor([t for x in inputs for t in x], dtype=torch.long).repeat(n)
+    ids = flat_ids(inputs).repeat(n)
     q_seg = torch.repeat_interleave(torch.arange(n * m), seg_len, output_size=q_total)
     q_off = torch.arange(q_total) - seg_qstart[q_seg]
     pos = state.next_pos[seg_row][q_seg] + q_off
