@@ -20,9 +20,7 @@ _QUEUED = ("cuda", "meta")
 
 def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` (a host tensor) on ``device``; on CUDA without blocking the host."""
-    if device.type == "cuda":
-        t = t.pin_memory()
-    return t.to(device, non_blocking=device.type in _QUEUED)
+    return staged(t, device).to(device, non_blocking=device.type in _QUEUED)
 
 
 def staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
