@@ -73,7 +73,9 @@ SETTLE = (
 -- KEYS[5..] the latest-result key of each record that has one, in record order.
 -- ARGV[1] group, ARGV[2] consumer ('' = no ownership check), ARGV[3] results maxlen, ARGV[4] dead-letter maxlen,
 -- ARGV[5] result key ttl s, ARGV[6] trim the input stream (1/0), ARGV[7] number of ack ids, the ack ids,
--- then per record: kind ('r' result | 'd' dead letter), stream id, has key (1/0), key value, field count, fields.
+-- then the number of field layouts and each layout (its field count, its field names), then per record: kind
+-- ('r' result | 'd' dead letter), stream id, has key (1/0), the record as one JSON object of strings (with a key:
+-- that key's value), its layout's number. Its stream entry gets the layout's fields, in the layout's order.
 -- Returns {records written, entries acked, error or '', ids skipped (not pending on this consumer)...}.
 -- A failed record write (error) acks nothing: the entries stay pending and the caller retries.
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
@@ -125,11 +127,20 @@ local function try(...)
   local r = redis.pcall(...)
   if type(r) == 'table' and r['err'] and err == '' then err = r['err'] end
 end
+local layouts = {}
+for l = 1, tonumber(ARGV[i]) do
+  local nf = tonumber(ARGV[i + 1])
+  layouts[l] = {unpack(ARGV, i + 2, i + 1 + nf)}
+  i = i + 1 + nf
+end
+i = i + 1
 while i <= #ARGV do
-  local kind, sid, has_key, value, nf = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
-  local fields = {}
-  for f = 1, nf do fields[f] = ARGV[i + 4 + f] end
-  i = i + 5 + nf
+  local kind, sid, has_key, value = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local rec, fields = cjson.decode(value), {}
+  for f, name in ipairs(layouts[tonumber(ARGV[i + 4])]) do
+    fields[2 * f - 1], fields[2 * f] = name, rec[name]
+  end
+  i = i + 5
   local key = nil
   if has_key == '1' then
     key = KEYS[kidx]

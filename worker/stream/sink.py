@@ -119,15 +119,25 @@ class ResultSink:
             len(outcome.ack_ids),
             *outcome.ack_ids,
         ]
+        # Each record travels as one JSON string (what its latest-result key holds anyway) plus the number of
+        # its field layout, sent once per write: 5 arguments a record instead of 5 + 2 per field. Packing
+        # ~25 arguments a result was most of a write's time on the writer thread, under the interpreter lock.
+        layouts: dict[tuple[str, ...], int] = {}
+        layout_args: list = []
+        record_args: list = []
         for kind, rec in _records(outcome):
-            key_value = ""
-            if "id" in rec:  # a caller waiting on this ticket learns its result, or that it never gets one and why
+            names = tuple(rec)
+            layout = layouts.get(names)
+            if layout is None:
+                layout = layouts[names] = len(layouts) + 1
+                layout_args += [len(names), *names]
+            # with a ticket id, a caller waiting on it learns its result, or that it never gets one and why
+            has_key = "id" in rec
+            if has_key:
                 keys.append(self.result_key(rec["id"]))
-                status = "ok" if kind == "r" else "dead_letter"
-                key_value = json.dumps({"status": status, **rec}, ensure_ascii=False)
-            args += [kind, rec.get("stream_id", ""), "1" if key_value else "0", key_value, len(rec) * 2]
-            for k, v in rec.items():
-                args += [k, v]
+            value = json.dumps({"status": "ok" if kind == "r" else "dead_letter", **rec}, ensure_ascii=False)
+            record_args += [kind, rec.get("stream_id", ""), "1" if has_key else "0", value, layout]
+        args += [len(layouts), *layout_args, *record_args]
         try:
             reply = settle_script(self.client, keys, args)
         except redis.ResponseError as e:
