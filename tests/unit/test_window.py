@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.unit.test_pass_isolation import _pred
 from worker.engine.types import InvalidTicket, Prepared
+from worker.stream.records import scores_json
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
 from worker.stream.window import build_window, to_outcome
@@ -68,3 +72,19 @@ def test_tokenizer_crash_on_one_text_is_isolated():
 
 def test_empty_outcome_only_is_empty():
     assert Outcome().only({"x"}).ack_ids == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=20),  # label names with quotes, '%', backslashes, non-ASCII
+        st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_scores_json_holds_each_probability_rounded_to_6_decimals(scores):
+    """The ``scores`` field parses to what ``round(p, 6)`` gives, label for label and in order."""
+    got = json.loads(scores_json(scores))
+    assert list(got) == list(scores)
+    assert [got[k] for k in scores] == [round(v, 6) for v in scores.values()]

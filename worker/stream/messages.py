@@ -8,6 +8,7 @@ instead of an exception that stops the worker. Never raises on any input.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -141,19 +142,18 @@ def _bad_id(ticket_id: str) -> str | None:
         return "id is empty; omit the 'id' field to use the stream entry id instead"
     if len(ticket_id.encode("utf-8")) > MAX_ID_BYTES:
         return f"id is longer than {MAX_ID_BYTES} bytes"
-    for pos, c in enumerate(ticket_id):
-        if _is_control(c):
-            return (
-                f"id contains control characters (U+{ord(c):04X} at position {pos}; newline, tab, NUL, DEL and "
-                "U+0080-U+009F are not allowed)"
-            )
+    bad = _CONTROL.search(ticket_id)
+    if bad:
+        return (
+            f"id contains control characters (U+{ord(bad.group()):04X} at position {bad.start()}; newline, tab, NUL, "
+            "DEL and U+0080-U+009F are not allowed)"
+        )
     return None
 
 
-def _is_control(c: str) -> bool:
-    """C0 (U+0000-U+001F), DEL and C1 (U+0080-U+009F: e.g. U+0085 next line, U+009B CSI, which terminals obey)."""
-    o = ord(c)
-    return o < 32 or 127 <= o <= 159
+# C0 (U+0000-U+001F), DEL and C1 (U+0080-U+009F: e.g. U+0085 next line, U+009B CSI, which terminals obey);
+# one regex scan, not a Python loop per character of every ticket id
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _bad_meta(meta: str) -> str | None:
