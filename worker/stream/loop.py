@@ -1,6 +1,6 @@
 """The run loop: take a window from the reader, run its passes, hand each pass's results to the
 writer (results + acks in one atomic step per pass), log one line per pass and per window;
-stop warm or cold. Four threads: this one (passes), the reader (reads + tokenizes ahead), the
+stop warm or cold. Four threads: this one (passes), the reader (reads, tokenizes and plans ahead), the
 writer (writes behind), the keeper (heartbeat, refresh of the entries held).
 
 Write failures (Redis gone) are retried with capped backoff. Every write (the settle script,
@@ -79,6 +79,7 @@ class _Loop:
         self.reader = Reader(
             self.source,
             self.clf.prepare,
+            plan=self.clf.plan,
             guard=self.guard,
             sizer=self.sizer,
             max_wait_ms=settings.max_wait_ms,
@@ -192,7 +193,7 @@ class _Loop:
             ),
         )
         first = rejections(w, worker=self.s.consumer, excerpt_bytes=self.s.dead_letter_excerpt_bytes)
-        plan = self.clf.plan(w.prepared) if w.prepared else []
+        plan = w.passes
         if not plan:
             self._put(PassWrite(job, first, last=True))
             return

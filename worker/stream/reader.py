@@ -70,6 +70,7 @@ class Reader(threading.Thread):
         source: StreamSource,
         prepare: Callable[[Sequence[str]], list],
         *,
+        plan: Callable[[Sequence], list],
         guard: GroupGuard,
         sizer: WindowSizer,
         max_wait_ms: int,
@@ -86,6 +87,7 @@ class Reader(threading.Thread):
         super().__init__(name="triage-reader", daemon=True)
         self.source = source
         self.prepare = prepare
+        self.plan = plan  # a window's passes, planned here: the pass thread starts a window by launching its first
         self.guard = guard
         guard.on_recovered(self._group_recreated)
         self.sizer = sizer  # how many entries each window asks for
@@ -177,6 +179,7 @@ class Reader(threading.Thread):
             entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
         )
         window.read_ms, window.epoch, window.cap_items = self._read_ms, self._epoch, self.cap_items
+        window.passes = self.plan(window.prepared) if window.prepared else []
         self.sizer.read()
         try:
             state = self.source.group_state()

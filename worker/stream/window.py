@@ -31,6 +31,7 @@ class Window:
     pending: int | None = None
     epoch: int = 0  # the consumer-group epoch it was read in (group.py): an older one means the group was lost
     cap_items: int = 0  # the most entries it could take (sizing.py)
+    passes: list = field(default_factory=list)  # its planned passes (bucketing.Pass), planned by the reader
 
     @property
     def ids(self) -> list[str]:
