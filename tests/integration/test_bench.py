@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -316,3 +317,25 @@ def test_graph_warm_up_runs_one_pass_of_each_shape_the_timed_runs_will_meet(tiny
     swept = {shape(b.indices) for r in runs for b in r.passes}
     shapes = [shape([index[id(p)] for p in chunk]) for chunk in launched[: warm["passes"]]]
     assert sorted(shapes) == sorted(swept) and len(launched) == warm["passes"] + sum(len(r.passes) for r in runs)
+
+
+def test_host_costs_times_every_stage_of_real_windows(tiny_model_dir, redis_url):
+    """scripts/host_costs.py: the worker's own functions on real windows in a real Redis, every write settled
+    (it raises otherwise), every stage timed, and nothing left in Redis."""
+    import importlib.util
+
+    import redis
+
+    from worker.settings import Settings
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "host_costs.py"
+    spec = importlib.util.spec_from_file_location("host_costs", path)
+    host_costs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_costs)
+    settings = Settings(model=str(tiny_model_dir), device="cpu", dtype="fp32", attention="packed", pass_max_items=8)
+    res = host_costs.measure(settings, n=24, reps=2, redis_url=redis_url)
+    assert set(res["stages"]) == {k for k, _, _ in host_costs.STAGES}
+    assert res["passes"] == 3 and all(s["thread_cpu_ms"] > 0 for s in res["stages"].values())
+    assert "tickets/s on this host" in host_costs.report(res) and res["cpu_us_per_ticket"] > 0
+    assert res["namespace"].startswith("triage-hostcosts:")
+    assert not list(redis.Redis.from_url(redis_url).scan_iter(match=res["namespace"] + "*"))
