@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 STAGES = (
     ("read", "XREADGROUP of the window, reply parsed", "reader"),
     ("window", "parse entries + tokenize + frame (build_window)", "reader"),
-    ("plan", "packed passes planned (Classifier.plan)", "pass"),
+    ("plan", "packed passes planned (Classifier.plan)", "reader"),
     ("stream", "each pass's packed token stream on the host (stream_tensors)", "pass"),
     ("postprocess", "softmax, threshold, Prediction objects", "pass"),
     ("records", "result records (pass_outcome)", "pass"),
