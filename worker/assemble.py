@@ -184,6 +184,7 @@ def engine_options(settings: Settings, device=None) -> EngineOptions:
         fallback_label=settings.fallback_label,
         attention=settings.attention,
         cuda_graphs=settings.cuda_graphs,
+        lookahead=settings.pass_lookahead,
     )
 
 

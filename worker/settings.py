@@ -136,6 +136,12 @@ class Settings(BaseSettings):
     cuda_graphs: bool = Field(
         True, description="Replay packed passes as CUDA graphs (a few fixed shapes; CUDA + packed only)."
     )
+    pass_lookahead: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Queue the next pass, and at a window's end the next window's first, before reading the current "
+        "one back, so the device never waits for the host's per-pass work. auto = on CUDA (elsewhere a pass has run "
+        "when it is launched: nothing to overlap).",
+    )
     cuda_graph_warm_up: bool = Field(
         True,
         description="Capture the CUDA graphs of full passes at start-up (about 10 shapes, before worker_ready), not "

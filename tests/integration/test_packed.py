@@ -8,6 +8,7 @@ is checked against the installed torch's op schema on meta tensors). The tests m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from worker.engine import bucketing, varlen
 from worker.engine.classifier import Classifier
 from worker.engine.compat import cache_kwarg, output_cache
 from worker.engine.loader import load_model
+from worker.engine.results import in_input_order
 from worker.engine.task import Task, default_task
 
 TEXTS = [
@@ -159,6 +161,56 @@ def test_one_pass_in_flight_yields_every_pass_once_in_order(loaded, monkeypatch)
     ahead = [first, *gen]
     assert [r[0] for r in ahead] == [r[0] for r in plain] and len(plain) > 2
     assert [p for r in ahead for p in r[1]] == [p for r in plain for p in r[1]]
+
+
+def test_the_next_windows_first_pass_is_queued_before_the_last_pass_is_read_back(loaded, monkeypatch):
+    """The worker's lookahead across windows, run on the CPU (on CUDA: the test below)."""
+    check_early_launch(make(loaded, attention="packed", pass_max_items=3, lookahead="on"), monkeypatch)
+
+
+@cuda
+def test_the_next_windows_first_pass_is_queued_early_on_cuda(tiny_model_dir, monkeypatch):
+    """The same with CUDA's own lookahead, fp16, flash kernel and CUDA graphs (warmed up: replays are exact)."""
+    loaded = load_model(str(tiny_model_dir), torch.device("cuda"), torch.float16, tiny_model_dir / "cache")
+    clf = make(loaded, attention="auto", pass_max_items=3)
+    assert clf.lookahead and clf.attention == "packed"
+    check_early_launch(clf, monkeypatch, warm_up=2)
+
+
+def check_early_launch(clf, monkeypatch, warm_up: int = 0):
+    """Window B's first pass is queued from ``before_last`` while A's last pass is unread; B's call reads that
+    launch back instead of launching its own, once; the answers are the same as without."""
+    a, b = clf.prepare_valid(TEXTS[:5]), clf.prepare_valid(TEXTS[5:] + TEXTS[:2])
+    plan_a, plan_b = clf.plan(a), clf.plan(b)
+    for _ in range(warm_up):
+        clf.classify(a), clf.classify(b)
+    want_a, want_b = clf.classify(a)[0], clf.classify(b)[0]
+    order: list[str] = []
+    launch = clf.launch_pass
+
+    def spy(chunk, **kw):
+        launched, n = launch(chunk, **kw), sum(e.startswith("launch") for e in order)
+        order.append(f"launch{n}")
+        read = launched.result
+        launched.result = lambda: order.append(f"read{n}") or read()
+        return launched
+
+    monkeypatch.setattr(clf, "launch_pass", spy)
+    early: list = []
+    out_a = list(clf.classify_passes(a, plan_a, before_last=lambda: early.append(clf.prelaunch(b, plan_b))))
+    na, nb = len(plan_a), len(plan_b)
+    assert len(early) == 1 and na > 1 and nb > 1
+    assert order.index(f"launch{na}") < order.index(f"read{na - 1}")  # B's first pass queued behind A's last
+    out_b = list(clf.classify_passes(b, plan_b, first=early[0]))
+    assert sum(e.startswith("launch") for e in order) == na + nb  # B's first pass was not launched again
+    assert in_input_order(out_a, len(a))[0] == want_a and in_input_order(out_b, len(b))[0] == want_b
+    again = list(clf.classify_passes(b, plan_b, first=early[0]))  # handed out once: this call launches its own
+    assert sum(e.startswith("launch") for e in order) == na + 2 * nb and in_input_order(again, len(b))[0] == want_b
+    pre = clf.prelaunch(b, plan_b)
+    settings = pre.settings
+    assert pre.take(dataclasses.replace(plan_b[0]), settings) is None  # an equal pass of a re-plan is another pass
+    assert pre.take(plan_b[0], (settings[0], "padded", None)) is None  # launched for the packed path
+    assert pre.take(plan_b[0], settings) is not None
 
 
 def test_auto_is_padded_on_cpu_and_the_settings_reach_the_classifier(tiny_model_dir, monkeypatch, tmp_path):

@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 
 import numpy as np
@@ -35,7 +35,7 @@ from worker.engine.framing import Framing, prepare
 from worker.engine.joined import backbone_name as backbone_name
 from worker.engine.joined import check_pair, join_encoder
 from worker.engine.labels import LabelTokens
-from worker.engine.launch import LaunchedPass
+from worker.engine.launch import LaunchedPass, Prelaunched
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate, build_template, encoder_template
 from worker.engine.results import PassOutput, in_input_order, pass_cost, predictions, softmax
@@ -115,7 +115,9 @@ class Classifier:
                 log.warning("packed attention falls back to the torch kernel: %s", problem)
                 self.attention_kernel = "torch"
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
-        self.lookahead = self.model.device.type == "cuda"  # classify_passes queues the next pass before yielding
+        # classify_passes queues the next pass before yielding one (on CPU a launched pass has run: nothing overlaps)
+        ahead = self.options.lookahead
+        self.lookahead = ahead == "on" or (ahead == "auto" and self.model.device.type == "cuda")
         self._prefix: PrefixKV | None = None
         if self.use_prefix_cache:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -323,6 +325,8 @@ class Classifier:
         prefix_cache: bool | None = None,
         pad_to: int | None = None,
         attention: str | None = None,
+        first: Prelaunched | None = None,
+        before_last: Callable[[], None] | None = None,
     ) -> Iterator[PassOutput]:
         """Classify in length buckets (or the given ``passes``), yielding after every forward call.
 
@@ -331,9 +335,11 @@ class Classifier:
         tokens, see ``cost_length``) pads every padded pass to one width (benchmark baselines).
         ``attention``: "padded" or "packed" for this call (default: the classifier's).
 
-        On CUDA the next pass is queued before a pass's results are read back and yielded,
-        so the device never waits for the host's per-pass work (building the next token
-        stream, softmax, the caller writing results): one pass in flight ahead.
+        With ``lookahead`` (CUDA) the next pass is queued before a pass's results are read back and
+        yielded, so the device never waits for the host's per-pass work (building the next token
+        stream, softmax, the caller writing results): one pass in flight ahead. At the end,
+        ``before_last()`` is called with the last pass queued and not yet read back (the worker queues
+        the next window's first pass there); ``first``: that pass, from ``prelaunch``, if it is ``passes[0]``.
         """
         cached = self._cached(prefix_cache)
         attention = attention or self.attention
@@ -341,9 +347,11 @@ class Classifier:
             passes = self.plan(items, cached, attention)
         ahead = self.lookahead
         pending = None
-        for b in passes:
+        for j, b in enumerate(passes):
             chunk = [items[i] for i in b.indices]
-            launched = self.launch_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
+            launched = first.take(b, (cached, attention, pad_to)) if first is not None and j == 0 else None
+            if launched is None:
+                launched = self.launch_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
             if pending is not None:
                 yield self._complete(*pending, cached, attention, pad_to)
             pending = (b, chunk, launched)
@@ -351,7 +359,16 @@ class Classifier:
                 yield self._complete(*pending, cached, attention, pad_to)
                 pending = None
         if pending is not None:
+            if before_last is not None:
+                before_last()
             yield self._complete(*pending, cached, attention, pad_to)
+
+    def prelaunch(self, items: Sequence[Prepared], passes: Sequence[bucketing.Pass]) -> Prelaunched:
+        """Queue ``passes[0]`` now, behind what is on the device, as ``classify_passes(items, passes)`` would."""
+        cached, attention = self._cached(None), self.attention
+        b = passes[0]
+        launched = self.launch_pass([items[i] for i in b.indices], prefix_cache=cached, attention=attention)
+        return Prelaunched(b, launched, (cached, attention, None))
 
     def _complete(
         self, b: bucketing.Pass, chunk, launched: LaunchedPass, cached: bool, attention: str, pad_to: int | None

@@ -54,3 +54,23 @@ class LaunchedPass:
             self.wall_ms = (time.perf_counter() - self._t0) * 1000
             self._done = True
         return self._host.numpy()
+
+
+class Prelaunched:
+    """A plan's first pass, queued ahead of its ``classify_passes`` call (``Classifier.prelaunch``).
+
+    The worker queues the next window's first pass while the current window's last one is on the
+    device, so the device has work across the boundary. ``take`` hands the launch to the one call
+    that runs this very pass with the same settings, once; any other call launches its own.
+    """
+
+    def __init__(self, first, launched: LaunchedPass, settings: tuple):
+        self.first = first  # the bucketing.Pass it ran (identity: a re-planned pass is another pass)
+        self.launched: LaunchedPass | None = launched
+        self.settings = settings  # (prefix cache, attention, pad_to) it was launched with
+
+    def take(self, first, settings: tuple) -> LaunchedPass | None:
+        if first is not self.first or settings != self.settings:
+            return None
+        launched, self.launched = self.launched, None
+        return launched

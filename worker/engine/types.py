@@ -147,3 +147,4 @@ class EngineOptions:
     attention: str = "auto"  # padded | packed | auto (packed on CUDA, padded on CPU/MPS)
     attention_kernel: str = "auto"  # packed path's varlen kernel: flash | torch | auto (flash where usable)
     cuda_graphs: bool = True  # replay packed passes as CUDA graphs (CUDA + flash only)
+    lookahead: str = "auto"  # on | off | auto (on CUDA): queue the next pass before reading this one back

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 from worker.engine.isolation import PassResult, run_passes
+from worker.engine.launch import Prelaunched
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.connection import Backoff, is_transient, reply_parser
 from worker.stream.group import GroupGuard, is_nogroup
@@ -26,6 +28,8 @@ from worker.stream.sizing import WindowSizer
 from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
+
+_NOTHING = object()  # no item taken early
 
 
 def run_worker(settings, *, drain: bool = False) -> int:
@@ -97,6 +101,8 @@ class _Loop:
             self._commit, on_written=self._on_written, on_window_done=self._on_window_done, max_queued=2
         )
         self.windows = 0
+        self._taken_early: object = _NOTHING  # what the reader handed over while the last window finished
+        self._first_early: tuple[Window, Prelaunched] | None = None  # that window and its first pass, queued
 
     def _count_reconnect(self) -> None:
         with self._summary_lock:
@@ -131,7 +137,7 @@ class _Loop:
         while True:
             if self.status.phase != "idle":
                 self.status.set_phase("reading")
-            item = self.reader.next_window(timeout_s=0.5)
+            item = self._next_item()
             if item is None:
                 self.status.set_phase("idle")
             elif isinstance(item, Window):
@@ -176,6 +182,8 @@ class _Loop:
     def _process(self, w: Window) -> None:
         """Run the window's passes; each pass's results go to the writer at once (the window's dead letters
         with the first), so the write of pass k overlaps the forward of pass k+1."""
+        early, self._first_early = self._first_early, None
+        early = early[1] if early is not None and early[0] is w else None
         if w.epoch != self.guard.epoch:
             self._drop(w)
             return
@@ -197,7 +205,9 @@ class _Loop:
         if not plan:
             self._put(PassWrite(job, first, last=True))
             return
-        passes = run_passes(self.clf.classify_passes, plan, w.prepared)
+        job.metrics.first_pass_early = early is not None
+        classify = partial(self.clf.classify_passes, first=early, before_last=self._take_next_early)
+        passes = run_passes(classify, plan, w.prepared)
         for k in range(len(plan)):
             if job.dropped or w.epoch != self.guard.epoch:  # the group was lost meanwhile: stop spending compute
                 job.dropped = True
@@ -219,6 +229,29 @@ class _Loop:
             if k == 0:
                 out = Outcome(out.results, first.dead_letters + out.dead_letters, first.ack_ids + out.ack_ids)
             self._put(PassWrite(job, out, last=k == len(plan) - 1))
+
+    def _next_item(self):
+        """The next window (or END / DRAINED / a crash / None), taken early if ``_take_next_early`` did."""
+        if self._taken_early is not _NOTHING:
+            item, self._taken_early = self._taken_early, _NOTHING
+            return item
+        return self.reader.next_window(timeout_s=0.5)
+
+    def _take_next_early(self) -> None:
+        """A window's last pass is queued and not yet read back: if the reader has the next window, take it now
+        and queue its first pass behind that one (lookahead across windows), so the device keeps working while
+        this window's last results become records and the next window starts. Nothing ready: nothing waits."""
+        if self._taken_early is not _NOTHING:
+            return  # a failed pass's tickets re-run one by one call this again
+        item = self.reader.next_window(timeout_s=0)
+        if item is None:
+            return
+        self._taken_early = item
+        if isinstance(item, Window) and item.passes and item.epoch == self.guard.epoch:
+            try:
+                self._first_early = (item, self.clf.prelaunch(item.prepared, item.passes))
+            except Exception as e:  # noqa: BLE001 - the window launches it again itself, where a failure is isolated
+                self.log.warning("early_launch_failed", error=f"{type(e).__name__}: {e}", items=item.passes[0].size)
 
     def _put(self, item: PassWrite) -> None:
         self.writer.put(item, on_wait=lambda: self.status.set_phase("writing"))

@@ -50,6 +50,7 @@ class WindowMetrics:
     pending: int | None = None  # delivered, not yet acked (whole group)
     split_retries: int = 0  # tickets re-run alone after a pass failed
     cap_items: int = 0  # the most tickets the window could take (TRIAGE_WINDOW_TARGET_S sizing)
+    first_pass_early: bool = False  # its first pass was queued while the window before finished (lookahead)
 
     @property
     def busy_ms(self) -> float:
@@ -84,6 +85,7 @@ class WindowMetrics:
             "pending": self.pending,
             "split_retries": self.split_retries,
             "cap_items": self.cap_items,
+            "first_pass_early": self.first_pass_early,
         }
 
 
