@@ -290,7 +290,7 @@ class _Loop:
             self._drop(job.window)
             return
         m = job.metrics
-        self.sizer.observe(m.stats.items, m.stats.infer_ms)  # before the slot is freed: the next read asks the new size
+        self.sizer.observe(m.stats.items, m.model_ms)  # before the slot is freed: the next read asks the new size
         self.status.add(windows=1, items=m.items, dead_lettered=m.dead_lettered)
         with self._summary_lock:
             self.summary.add(m)

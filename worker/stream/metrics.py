@@ -53,6 +53,12 @@ class WindowMetrics:
     first_pass_early: bool = False  # its first pass was queued while the window before finished (lookahead)
 
     @property
+    def model_ms(self) -> float:
+        """The model's work: on CUDA its device time (with the lookahead the passes' wall times overlap), else
+        ``infer_ms``."""
+        return self.stats.gpu_ms or self.stats.infer_ms
+
+    @property
     def busy_ms(self) -> float:
         """Work done for this window (tokenize + infer + write), not counting waits for tickets to arrive."""
         return self.tokenize_ms + self.stats.infer_ms + self.write_ms
@@ -77,6 +83,7 @@ class WindowMetrics:
             "read_ms": _r(self.read_ms),
             "tokenize_ms": _r(self.tokenize_ms),
             "infer_ms": _r(st.infer_ms),
+            "gpu_ms": _r(st.gpu_ms) if st.gpu_ms else None,
             "write_ms": _r(self.write_ms),
             "items_per_s": _r(self.items_per_s),
             "latency_p50_ms": _r(percentile(self.latencies_ms, 50)),
