@@ -108,6 +108,13 @@ class Settings(BaseSettings):
         description="Size each window to about this many seconds of the model's measured work, up to "
         "TRIAGE_WINDOW_MAX_ITEMS, so replicas share a backlog (deploy/k8s sets 5); 0: always TRIAGE_WINDOW_MAX_ITEMS.",
     )
+    window_ramp_items: int = Field(
+        256,
+        ge=0,
+        description="A window takes at most twice the tickets of the one before, and this many after start-up or an "
+        "empty read, so the model starts on a burst after a few hundred tickets are read and tokenized, not "
+        "thousands; 0: no ramp.",
+    )
     pass_max_items: int = Field(
         64,
         ge=1,

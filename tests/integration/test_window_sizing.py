@@ -67,6 +67,17 @@ def test_target_zero_keeps_fixed_windows(triage_env, redis_url):
     assert len(r.xrange(env["TRIAGE_RESULTS_STREAM"])) == N
 
 
+def test_windows_ramp_up_from_the_ramp_size_on_a_backlog(triage_env, redis_url):
+    """A backlog at start-up: the first window is small, so the model starts soon; each next one at most doubles."""
+    env = env_with(triage_env, TRIAGE_WINDOW_MAX_ITEMS=64, TRIAGE_WINDOW_RAMP_ITEMS=8, TRIAGE_PASS_MAX_ITEMS=8)
+    r, w = _drain(env, redis_url, "wr", "refund for order {} please")
+    assert w.events("worker_ready")[0]["window_ramp_items"] == 8
+    windows = w.events("window")
+    assert [e["cap_items"] for e in windows] == [8, 16, 32, 64]
+    assert [e["items"] for e in windows] == [8, 16, 32, N - 56]
+    assert len(r.xrange(env["TRIAGE_RESULTS_STREAM"])) == N
+
+
 def test_a_worker_started_on_an_empty_stream_still_probes_when_tickets_come(triage_env, redis_url):
     """Reads that find nothing are not the probe window: the first tickets to arrive are read and classified."""
     env = env_with(triage_env, TRIAGE_WINDOW_TARGET_S=5, TRIAGE_WINDOW_MAX_ITEMS=64)

@@ -41,10 +41,12 @@ def run_worker(settings, *, drain: bool = False) -> int:
 
 
 def _sizer(settings, clf) -> WindowSizer:
-    """Windows of about TRIAGE_WINDOW_TARGET_S of measured work, after a small probe window (sizing.py)."""
+    """Windows of about TRIAGE_WINDOW_TARGET_S of measured work, after a small probe window, each at most twice
+    the one before (sizing.py)."""
     from worker.assemble import window_max_items
 
-    return WindowSizer(settings.window_target_s, window_max_items(settings, getattr(clf, "device", None)))
+    max_items = window_max_items(settings, getattr(clf, "device", None))
+    return WindowSizer(settings.window_target_s, max_items, ramp_items=settings.window_ramp_items)
 
 
 class _Loop:
@@ -131,6 +133,7 @@ class _Loop:
             window_max_items=self.sizer.max_items,
             window_target_s=self.sizer.target_s,
             window_probe_items=self.sizer.probe_items,
+            window_ramp_items=self.sizer.ramp_items,
             redis_parser=reply_parser(),
         )
         code, why = EXIT_OK, "stopped"

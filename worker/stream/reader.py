@@ -174,13 +174,14 @@ class Reader(threading.Thread):
             entries = self._partial  # already delivered to us: must be processed, not forgotten
             self._on_read_error(e)
         if not entries:
+            self.sizer.idle()
             return None
         window = build_window(
             entries, source, self.prepare, max_text_bytes=self.max_text_bytes, max_deliveries=self.max_deliveries
         )
         window.read_ms, window.epoch, window.cap_items = self._read_ms, self._epoch, self.cap_items
         window.passes = self.plan(window.prepared) if window.prepared else []
-        self.sizer.read()
+        self.sizer.read(len(entries))
         try:
             state = self.source.group_state()
             if state is not None:

@@ -24,30 +24,57 @@ class WindowSizer:
     a second window of unknown size). The rate is smoothed over windows (``smoothing`` = weight of the
     newest), so one odd window does not swing the size."""
 
-    def __init__(self, target_s: float, max_items: int, probe_items: int = PROBE_ITEMS, smoothing: float = 0.5):
-        if target_s < 0 or max_items < 1 or probe_items < 1 or not 0 < smoothing <= 1:
+    def __init__(
+        self,
+        target_s: float,
+        max_items: int,
+        probe_items: int = PROBE_ITEMS,
+        smoothing: float = 0.5,
+        ramp_items: int = 0,
+    ):
+        if target_s < 0 or max_items < 1 or probe_items < 1 or not 0 < smoothing <= 1 or ramp_items < 0:
             raise ValueError(f"bad sizing: target_s={target_s}, max_items={max_items}, smoothing={smoothing}")
         self.target_s = target_s
         self.max_items = max_items
         self.probe_items = min(probe_items, max_items)
         self.smoothing = smoothing
+        self.ramp_items = ramp_items  # 0: no ramp
         self.items_per_s: float | None = None  # measured: tickets per second of model work
         self._probe_out = False
+        self._last_read = 0  # tickets in the window read last; 0 after a read that found nothing
         self._lock = threading.Lock()  # the writer thread observes, the reader thread asks
 
     def cap(self) -> int:
         with self._lock:
-            if self.target_s == 0:
-                return self.max_items
-            if self.items_per_s is not None:
-                return max(1, min(self.max_items, int(self.items_per_s * self.target_s)))
-            return 0 if self._probe_out else self.probe_items
+            cap = self._sized()
+            if self.ramp_items and cap:  # at most twice the last window: see ``read``
+                cap = min(cap, max(self.ramp_items, 2 * self._last_read))
+            return cap
 
-    def read(self) -> None:
-        """A window was read (a read that found nothing is not one): before a rate is known, it is the probe."""
+    def _sized(self) -> int:
+        if self.target_s == 0:
+            return self.max_items
+        if self.items_per_s is not None:
+            return max(1, min(self.max_items, int(self.items_per_s * self.target_s)))
+        return 0 if self._probe_out else self.probe_items
+
+    def read(self, items: int) -> None:
+        """A window of ``items`` tickets was read (a read that found nothing is not one, see ``idle``): before a
+        rate is known, it is the probe.
+
+        The ramp: a window takes at most twice the tickets of the one before, and ``ramp_items`` after start-up
+        or an empty read. The model starts on a burst once a few hundred tickets are read and tokenized, not
+        thousands (nothing overlaps the first window's read), and the reader still keeps ahead: it reads the
+        next window, at most twice as large, while the model runs this one."""
         with self._lock:
+            self._last_read = items
             if self.target_s and self.items_per_s is None:
                 self._probe_out = True
+
+    def idle(self) -> None:
+        """A read found nothing: the next burst starts the ramp again."""
+        with self._lock:
+            self._last_read = 0
 
     def observe(self, items: int, work_ms: float) -> None:
         """A window classified ``items`` tickets in ``work_ms`` of model work (its passes); empty ones say nothing."""
