@@ -23,6 +23,10 @@ from worker.stream.scripts import settle_script
 from worker.stream.source import id_order, recovery_key
 
 
+# one encoder for every record: json.dumps with any non-default option builds a new JSONEncoder per call
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
 class PartialWriteError(RuntimeError):
     """A key the worker writes holds another Redis type (e.g. a string where the results stream should be).
 
@@ -135,7 +139,7 @@ class ResultSink:
             has_key = "id" in rec
             if has_key:
                 keys.append(self.result_key(rec["id"]))
-            value = json.dumps({"status": "ok" if kind == "r" else "dead_letter", **rec}, ensure_ascii=False)
+            value = _to_json({"status": "ok" if kind == "r" else "dead_letter", **rec})
             record_args += [kind, rec.get("stream_id", ""), "1" if has_key else "0", value, layout]
         args += [len(layouts), *layout_args, *record_args]
         try:
