@@ -186,7 +186,7 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
 
     from worker.bench.modes import MODES, run_mode
     from worker.bench.redis_mode import run_redis
-    from worker.bench.report import redis_line
+    from worker.bench.report import _ramp, redis_line
     from worker.engine.task import default_task
     from worker.settings import Settings
 
@@ -201,6 +201,9 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     assert out["items_per_s"] > 0 and 0 < out["infer_s"] <= out["wall_s"] and 0 <= out["queue_overhead_pct"] < 100
     assert 0 < out["first_window_s"] <= out["read_s"] + out["tokenize_s"]  # one of the two windows'
     assert out["cuda_graphs_start_up"] is None and "first window read + tokenized" in redis_line(out)
+    assert out["window_items"] == [4, 1] and out["windows_first_pass_early"] == 0  # no lookahead on a CPU
+    assert "2 worker windows (4, 1 tickets, 0 with the first pass queued early)" in redis_line(out)
+    assert _ramp([256, 512, 4096, 4096, 1888]) == "256, 512, 4096 x2, 1888" and _ramp(None) == "?"
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))  # cleaned up
 
 

@@ -74,6 +74,8 @@ def run_redis(
             wall_s=wall_s,
             items_per_s=len(texts) / wall_s if wall_s > 0 else None,
             worker_windows=len(batches),
+            window_items=[e.get("items", 0) + e.get("dead_lettered", 0) for e in batches],  # the ramp, then full
+            windows_first_pass_early=sum(bool(e.get("first_pass_early")) for e in batches),  # lookahead across them
             infer_s=infer_s,
             tokenize_s=_seconds(batches, "tokenize_ms"),
             write_s=_seconds(batches, "write_ms"),

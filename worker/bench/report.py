@@ -10,6 +10,7 @@ import json
 import os
 import platform
 from collections.abc import Sequence
+from itertools import groupby
 from pathlib import Path
 
 from worker.bench.gemm import ModelShape, computed_flops, work_flops
@@ -353,6 +354,12 @@ def write_json(path: str | Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def _ramp(sizes: list[int] | None) -> str:
+    """Window sizes in order, runs of one size folded: ``256, 512, 4096 x2, 1888``."""
+    runs = [(n, len(list(g))) for n, g in groupby(sizes or [])]
+    return ", ".join(f"{n} x{k}" if k > 1 else str(n) for n, k in runs) or "?"
+
+
 def redis_line(red: dict) -> str:
     """Mode 6 in a few lines: throughput through the queue, and where its time went."""
     if red.get("error"):
@@ -366,7 +373,9 @@ def redis_line(red: dict) -> str:
         f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) "
         f"over {red['wall_s']:.1f}s from worker_ready to the "
         f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
-        f"{red['worker_windows']} worker windows: infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
+        f"{red['worker_windows']} worker windows ({_ramp(red.get('window_items'))} tickets, "
+        f"{red.get('windows_first_pass_early', '?')} with the first pass queued early): "
+        f"infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s (first window read + tokenized in "
         f"{_f(red.get('first_window_s'), 2)}s); enqueue {red['enqueue_s']:.2f}s; "
         f"process {red['process_s']:.1f}s incl. model load; replies parsed by {red.get('redis_parser') or '?'}; "

@@ -22,7 +22,6 @@ from worker.stream.messages import as_text
 from worker.stream.scripts import settle_script
 from worker.stream.source import id_order, recovery_key
 
-
 # one encoder for every record: json.dumps with any non-default option builds a new JSONEncoder per call
 _to_json = json.JSONEncoder(ensure_ascii=False).encode
 
