@@ -197,7 +197,7 @@ def check_early_launch(clf, monkeypatch, warm_up: int = 0):
 
     monkeypatch.setattr(clf, "launch_pass", spy)
     early: list = []
-    out_a = list(clf.classify_passes(a, plan_a, before_last=lambda: early.append(clf.prelaunch(b, plan_b))))
+    out_a = list(clf.classify_passes(a, plan_a, before_last=lambda busy: early.append(clf.prelaunch(b, plan_b))))
     na, nb = len(plan_a), len(plan_b)
     assert len(early) == 1 and na > 1 and nb > 1
     assert order.index(f"launch{na}") < order.index(f"read{na - 1}")  # B's first pass queued behind A's last

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +89,26 @@ def test_scores_json_holds_each_probability_rounded_to_6_decimals(scores):
     got = json.loads(scores_json(scores))
     assert list(got) == list(scores)
     assert [got[k] for k in scores] == [round(v, 6) for v in scores.values()]
+
+
+def test_the_next_window_is_awaited_only_while_the_device_is_busy():
+    """The loop's lookahead across windows: take the next window if it comes before the last pass is done."""
+    from worker.stream.loop import wait_while
+
+    def source(items):
+        calls: list[float] = []
+
+        def get(timeout_s):
+            calls.append(timeout_s)
+            return items.pop(0) if items else None
+
+        return get, calls
+
+    get, calls = source(["w1"])
+    assert wait_while(get, busy=lambda: pytest.fail("ready at once: nothing to wait for")) == "w1" and calls == [0]
+    get, calls = source([None, None, "w2"])
+    busy = iter([True, True, True, True])
+    assert wait_while(get, lambda: next(busy), poll_s=0.5) == "w2" and calls == [0, 0.5, 0.5]
+    get, calls = source([None, None])
+    busy = iter([True, False])
+    assert wait_while(get, lambda: next(busy)) is None and len(calls) == 2  # the device finished: stop waiting

@@ -326,20 +326,20 @@ class Classifier:
         pad_to: int | None = None,
         attention: str | None = None,
         first: Prelaunched | None = None,
-        before_last: Callable[[], None] | None = None,
+        before_last: Callable[[Callable[[], bool]], None] | None = None,
     ) -> Iterator[PassOutput]:
         """Classify in length buckets (or the given ``passes``), yielding after every forward call.
 
-        Yields ``(indices into items, their predictions, what the pass cost)``; a caller
-        can write those results before the next pass runs. ``pad_to`` (a length in cost
-        tokens, see ``cost_length``) pads every padded pass to one width (benchmark baselines).
-        ``attention``: "padded" or "packed" for this call (default: the classifier's).
+        Yields ``(indices into items, their predictions, what the pass cost)``; a caller can write those results
+        before the next pass runs. ``pad_to`` (a length in cost tokens, see ``cost_length``) pads every padded
+        pass to one width (benchmark baselines). ``attention``: "padded" or "packed" (default: the classifier's).
 
         With ``lookahead`` (CUDA) the next pass is queued before a pass's results are read back and
         yielded, so the device never waits for the host's per-pass work (building the next token
         stream, softmax, the caller writing results): one pass in flight ahead. At the end,
-        ``before_last()`` is called with the last pass queued and not yet read back (the worker queues
-        the next window's first pass there); ``first``: that pass, from ``prelaunch``, if it is ``passes[0]``.
+        ``before_last(busy)`` is called with the last pass queued and not yet read back, ``busy()`` saying whether
+        the device still works on it (the worker queues the next window's first pass there); ``first``: that
+        pass, from ``prelaunch``, if it is ``passes[0]``.
         """
         cached = self._cached(prefix_cache)
         attention = attention or self.attention
@@ -360,7 +360,7 @@ class Classifier:
                 pending = None
         if pending is not None:
             if before_last is not None:
-                before_last()
+                before_last(pending[2].busy)
             yield self._complete(*pending, cached, attention, pad_to)
 
     def prelaunch(self, items: Sequence[Prepared], passes: Sequence[bucketing.Pass]) -> Prelaunched:

@@ -47,6 +47,10 @@ class LaunchedPass:
             self.wall_ms = self.host_ms
         return self
 
+    def busy(self) -> bool:
+        """The device is still working on this pass (CUDA only: elsewhere a launched pass has run)."""
+        return self.cuda and not self._done and not self._end.query()
+
     def result(self) -> np.ndarray:
         if not self._done:
             self._end.synchronize()

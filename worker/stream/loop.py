@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from functools import partial
+from typing import TYPE_CHECKING
 
 from worker.engine.isolation import PassResult, run_passes
-from worker.engine.launch import Prelaunched
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.connection import Backoff, is_transient, reply_parser
 from worker.stream.group import GroupGuard, is_nogroup
@@ -29,7 +29,19 @@ from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
 
+if TYPE_CHECKING:
+    from worker.engine.launch import Prelaunched
+
 _NOTHING = object()  # no item taken early
+EARLY_POLL_S = 0.002  # how often the wait for the next window asks whether the device is done
+
+
+def wait_while(get, busy, poll_s: float = EARLY_POLL_S):
+    """``get(timeout_s)`` at once, then again every ``poll_s`` while ``busy()``: the first item, or None."""
+    item = get(0)
+    while item is None and busy():
+        item = get(poll_s)
+    return item
 
 
 def run_worker(settings, *, drain: bool = False) -> int:
@@ -240,13 +252,14 @@ class _Loop:
             return item
         return self.reader.next_window(timeout_s=0.5)
 
-    def _take_next_early(self) -> None:
-        """A window's last pass is queued and not yet read back: if the reader has the next window, take it now
-        and queue its first pass behind that one (lookahead across windows), so the device keeps working while
-        this window's last results become records and the next window starts. Nothing ready: nothing waits."""
+    def _take_next_early(self, busy) -> None:
+        """A window's last pass is queued and not yet read back: if the reader has the next window before the
+        device is done with that pass (``busy()``), take it and queue its first pass behind (lookahead across
+        windows), so the device keeps working while this window's last results become records and the next
+        window starts. The wait is the one for the pass's scores anyway; after it, nothing waits for the reader."""
         if self._taken_early is not _NOTHING:
             return  # a failed pass's tickets re-run one by one call this again
-        item = self.reader.next_window(timeout_s=0)
+        item = wait_while(self.reader.next_window, busy)
         if item is None:
             return
         self._taken_early = item
