@@ -95,6 +95,16 @@ def _run(passes: list[tuple[int, int, float]]) -> RunStats:
     return run
 
 
+def test_windows_whose_first_pass_was_queued_early_are_counted():
+    m = PrometheusMetrics(CollectorRegistry())
+    early = _window_metrics(_run([(1, 25, 1.0)]))
+    m.on_window(early)
+    early.first_pass_early = True
+    m.on_window(early)
+    m.on_window(early)
+    assert m.registry.get_sample_value("triage_windows_first_pass_early_total") == 2
+
+
 def test_loop_hooks_feed_every_metric_from_the_loops_own_objects():
     m = PrometheusMetrics(CollectorRegistry())
     m.set_phase("reading")
@@ -108,6 +118,7 @@ def test_loop_hooks_feed_every_metric_from_the_loops_own_objects():
     assert v("triage_request_input_tokens_sum") == 16
     assert v("triage_window_size_sum") == 3 and v("triage_window_entries_total", {"source": "claimed"}) == 3
     assert v("triage_window_inference_duration_seconds_sum") == pytest.approx(0.3)
+    assert v("triage_windows_first_pass_early_total") == 0  # pre-created; a CPU's windows never are
     assert v("triage_batch_next_size_count") == 2 and v("triage_batch_next_size_sum") == 2
     assert v("triage_batch_inference_duration_seconds_count") == 2
     assert v("triage_real_tokens_total") == 40 and v("triage_padded_tokens_total") == 50

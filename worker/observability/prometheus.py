@@ -168,6 +168,10 @@ class PrometheusMetrics(Metrics):
             "triage_prefix_tokens_reused", "Prompt-prefix tokens served from the KV cache instead of recomputed."
         )
         self.split_retries = counter("triage_split_retries", "Tickets re-run alone after their pass failed.")
+        self.windows_first_pass_early = counter(
+            "triage_windows_first_pass_early",
+            "Windows whose first pass was queued while the window before finished (lookahead across windows).",
+        )
         self.last_window = gauge("triage_last_window_timestamp_seconds", "Unix time the last window was written.")
         # --- queue (TEI: te_queue_size), worker --------------------------------------------
         self.queue_size = gauge(
@@ -264,6 +268,8 @@ class PrometheusMetrics(Metrics):
         self.window_infer.observe(st.infer_ms / 1000.0)
         self.window_write.observe(m.write_ms / 1000.0)
         self.on_run(st, m.split_retries)
+        if m.first_pass_early:
+            self.windows_first_pass_early.inc()
         self.last_window.set(time.time())
         if m.backlog is not None:
             self.queue_size.set(m.backlog)
