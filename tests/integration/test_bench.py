@@ -200,6 +200,7 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     assert out["agreement"]["sequential"]["label_agreement"] == 1.0
     assert out["items_per_s"] > 0 and 0 < out["infer_s"] <= out["wall_s"] and 0 <= out["queue_overhead_pct"] < 100
     assert 0 < out["first_window_s"] <= out["read_s"] + out["tokenize_s"]  # one of the two windows'
+    assert 0 < out["first_result_s"] <= out["done_s_p50"] <= out["wall_s"]
     assert out["cuda_graphs_start_up"] is None and "first window read + tokenized" in redis_line(out)
     assert out["window_items"] == [4, 1] and out["windows_first_pass_early"] == 0  # no lookahead on a CPU
     assert "2 worker windows (4, 1 tickets, 0 with the first pass queued early)" in redis_line(out)

@@ -83,6 +83,7 @@ def run_redis(
             queue_overhead_pct=100.0 * (wall_s - infer_s) / wall_s if wall_s > 0 else None,
             # read + tokenize before the first pass: nothing to overlap it with yet
             first_window_s=_seconds(batches[:1], "read_ms", "tokenize_ms") if batches else None,
+            first_result_s=min(done_ms) / 1000.0,  # worker_ready to the first result: the ramp's latency effect
             done_s_p50=sorted(done_ms)[len(done_ms) // 2] / 1000.0,
             done_s_max=max(done_ms) / 1000.0,
             cuda_graph_captures=n_captures,

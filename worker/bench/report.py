@@ -377,7 +377,8 @@ def redis_line(red: dict) -> str:
         f"{red.get('windows_first_pass_early', '?')} with the first pass queued early): "
         f"infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "
         f"read {red['read_s']:.2f}s, write {red['write_s']:.2f}s (first window read + tokenized in "
-        f"{_f(red.get('first_window_s'), 2)}s); enqueue {red['enqueue_s']:.2f}s; "
+        f"{_f(red.get('first_window_s'), 2)}s, first result after {_f(red.get('first_result_s'), 2)}s); "
+        f"enqueue {red['enqueue_s']:.2f}s; "
         f"process {red['process_s']:.1f}s incl. model load; replies parsed by {red.get('redis_parser') or '?'}; "
         f"pass overhead {red.get('pass_overhead_tokens', '?')} tokens (the worker's own)"
         + (
