@@ -31,7 +31,8 @@ def test_window_line_has_the_canonical_fields_from_the_engine_stats():
         assert key in line
     p = pass_line(3, 1, stats, split_retries=0)
     assert (p["window"], p["pass"], p["items"], p["padding_pct"]) == (3, 1, 4, 25.0)
-    assert line["gpu_ms"] is None and m.model_ms == 15.0  # off CUDA: no device time, the model's work is infer_ms
+    # off CUDA: no device time, the model's work is infer_ms
+    assert line["gpu_ms"] is None and p["gpu_ms"] is None and m.model_ms == 15.0
 
 
 def test_on_cuda_a_windows_model_work_is_its_device_time_not_its_overlapping_pass_walls():
@@ -40,6 +41,7 @@ def test_on_cuda_a_windows_model_work_is_its_device_time_not_its_overlapping_pas
         stats.add(PassStats(items=100, real_tokens=900, padded_tokens=900, infer_ms=40, gpu_ms=20.04))
     m = WindowMetrics(window=1, stats=stats, items=300)
     assert m.line()["gpu_ms"] == 60.1 and m.line()["infer_ms"] == 120.0
+    assert pass_line(1, 0, stats)["gpu_ms"] == 60.1
     assert m.model_ms == pytest.approx(60.12)  # what the window sizer's rate is measured on
 
 

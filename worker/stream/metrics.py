@@ -29,6 +29,7 @@ def pass_line(window: int, index: int, stats: RunStats, *, split_retries: int = 
         "padding_pct": round(stats.padding_pct, 1),
         "prefix_tokens_reused": stats.prefix_tokens_reused,
         "infer_ms": _r(stats.infer_ms),
+        "gpu_ms": _r(stats.gpu_ms) if stats.gpu_ms else None,  # CUDA: device time (infer_ms spans the pass before)
         "split_retries": split_retries,
     }
 
