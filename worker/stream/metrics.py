@@ -17,6 +17,11 @@ def _r(x: float | None, nd: int = 1) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def _device_ms(stats: RunStats) -> float | None:
+    """The passes' device time (CUDA events), rounded; None off CUDA."""
+    return _r(stats.gpu_ms) if stats.gpu_ms else None
+
+
 def pass_line(window: int, index: int, stats: RunStats, *, split_retries: int = 0) -> dict:
     """The "pass" log record: one planned forward call of a window (``stats`` covers it; after a failure,
     the calls that re-ran its tickets one by one)."""
@@ -29,7 +34,7 @@ def pass_line(window: int, index: int, stats: RunStats, *, split_retries: int = 
         "padding_pct": round(stats.padding_pct, 1),
         "prefix_tokens_reused": stats.prefix_tokens_reused,
         "infer_ms": _r(stats.infer_ms),
-        "gpu_ms": _r(stats.gpu_ms) if stats.gpu_ms else None,  # CUDA: device time (infer_ms spans the pass before)
+        "gpu_ms": _device_ms(stats),  # CUDA: device time (infer_ms spans the pass before)
         "split_retries": split_retries,
     }
 
@@ -84,7 +89,7 @@ class WindowMetrics:
             "read_ms": _r(self.read_ms),
             "tokenize_ms": _r(self.tokenize_ms),
             "infer_ms": _r(st.infer_ms),
-            "gpu_ms": _r(st.gpu_ms) if st.gpu_ms else None,
+            "gpu_ms": _device_ms(st),
             "write_ms": _r(self.write_ms),
             "items_per_s": _r(self.items_per_s),
             "latency_p50_ms": _r(percentile(self.latencies_ms, 50)),

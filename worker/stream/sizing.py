@@ -33,7 +33,10 @@ class WindowSizer:
         ramp_items: int = 0,
     ):
         if target_s < 0 or max_items < 1 or probe_items < 1 or not 0 < smoothing <= 1 or ramp_items < 0:
-            raise ValueError(f"bad sizing: target_s={target_s}, max_items={max_items}, smoothing={smoothing}")
+            raise ValueError(
+                f"bad sizing: target_s={target_s}, max_items={max_items}, probe_items={probe_items}, "
+                f"smoothing={smoothing}, ramp_items={ramp_items}"
+            )
         self.target_s = target_s
         self.max_items = max_items
         self.probe_items = min(probe_items, max_items)
