@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -192,16 +193,19 @@ def check_early_launch(clf, monkeypatch, warm_up: int = 0):
         launched, n = launch(chunk, **kw), sum(e.startswith("launch") for e in order)
         order.append(f"launch{n}")
         read = launched.result
-        launched.result = lambda: order.append(f"read{n}") or read()
+        launched.result = lambda **kw: order.append(f"read{n}") or read(**kw)
         return launched
 
     monkeypatch.setattr(clf, "launch_pass", spy)
     early: list = []
+    t0 = time.perf_counter()
     out_a = list(clf.classify_passes(a, plan_a, before_last=lambda busy: early.append(clf.prelaunch(b, plan_b))))
     na, nb = len(plan_a), len(plan_b)
     assert len(early) == 1 and na > 1 and nb > 1
     assert order.index(f"launch{na}") < order.index(f"read{na - 1}")  # B's first pass queued behind A's last
     out_b = list(clf.classify_passes(b, plan_b, first=early[0]))
+    # passes queued behind each other share the wall clock: their infer_ms never add up to more than it
+    assert sum(r[2].infer_ms for r in out_a + out_b) <= (time.perf_counter() - t0) * 1000
     assert sum(e.startswith("launch") for e in order) == na + nb  # B's first pass was not launched again
     assert in_input_order(out_a, len(a))[0] == want_a and in_input_order(out_b, len(b))[0] == want_b
     again = list(clf.classify_passes(b, plan_b, first=early[0]))  # handed out once: this call launches its own

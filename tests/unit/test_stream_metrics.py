@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from worker.engine.launch import exclusive_ms
 from worker.engine.types import PassStats, RunStats
 from worker.stream.metrics import Summary, WindowMetrics, pass_line, percentile
 
@@ -37,12 +38,19 @@ def test_window_line_has_the_canonical_fields_from_the_engine_stats():
 
 def test_on_cuda_a_windows_model_work_is_its_device_time_not_its_overlapping_pass_walls():
     stats = RunStats()
-    for _ in range(3):  # one pass in flight ahead: each pass's wall also spans the one before it
+    for _ in range(3):  # a pass's wall on CUDA also holds the host's wait and work; the device time is the model's
         stats.add(PassStats(items=100, real_tokens=900, padded_tokens=900, infer_ms=40, gpu_ms=20.04))
     m = WindowMetrics(window=1, stats=stats, items=300)
     assert m.line()["gpu_ms"] == 60.1 and m.line()["infer_ms"] == 120.0
     assert pass_line(1, 0, stats)["gpu_ms"] == 60.1
     assert m.model_ms == pytest.approx(60.12)  # what the window sizer's rate is measured on
+
+
+def test_a_pass_queued_behind_another_counts_the_wall_clock_from_that_ones_read_back():
+    # pass 1 launched at 0 s, read back at 3 s; pass 2 launched at 1 s (queued behind it), read back at 5 s
+    first, second = exclusive_ms(0.0, 0.0, 3.0), exclusive_ms(1.0, 3.0, 5.0)
+    assert (first, second) == (3000.0, 2000.0) and first + second == 5000.0  # not 3 s + 4 s
+    assert exclusive_ms(4.0, 3.0, 5.0) == 1000.0  # launched after the read-back: from its launch
 
 
 def test_summary_covers_one_period_then_resets():

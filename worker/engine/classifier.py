@@ -118,6 +118,7 @@ class Classifier:
         # classify_passes queues the next pass before yielding one (on CPU a launched pass has run: nothing overlaps)
         ahead = self.options.lookahead
         self.lookahead = ahead == "on" or (ahead == "auto" and self.model.device.type == "cuda")
+        self._readback_at = 0.0  # when the last pass's scores reached the host: the next pass's wall starts there
         self._prefix: PrefixKV | None = None
         if self.use_prefix_cache:
             self._prefix = compute_prefix(self.model, self.template.prefix_ids)
@@ -284,10 +285,8 @@ class Classifier:
         if packed:
             from worker.engine.packed import run_packed
 
-            runner = self.graph_runner()
-            return run_packed(
-                self.model, rows, self.pad_id, prefix, kernel=self.attention_kernel, runner=runner, **common
-            )
+            common.update(kernel=self.attention_kernel, runner=self.graph_runner())
+            return run_packed(self.model, rows, self.pad_id, prefix, **common)
         return run_forward(self.model, rows, self.pad_id, prefix, pad_to=pad_to, **common)
 
     def _join(self, fwd: ForwardOut, items: Sequence[Prepared]) -> ForwardOut:
@@ -373,7 +372,8 @@ class Classifier:
     def _complete(
         self, b: bucketing.Pass, chunk, launched: LaunchedPass, cached: bool, attention: str, pad_to: int | None
     ) -> PassOutput:
-        log_scores = launched.result()
+        log_scores = launched.result(since=self._readback_at)
+        self._readback_at = launched.done_at
         t0 = time.perf_counter()
         preds = self.postprocess(log_scores, chunk)
         post_ms = (time.perf_counter() - t0) * 1000

@@ -15,13 +15,17 @@ class LaunchedPass:
     replay). ``gpu_ms`` (CUDA only): device time from the pass's first device work (``mark``, after
     the host-side preparation) to its scores landing in host memory, from CUDA events; device time
     waiting for the host's launches inside that span counts, time before it does not.
-    ``wall_ms``: launch start until its scores are on the host.
+    ``wall_ms``: launch start until its scores are on the host; on CUDA, from the later of its launch
+    and the read-back of the pass queued before it (``result(since=)``), so passes queued ahead of
+    each other add up to the time the host waited instead of counting the same device time twice.
+    ``done_at``: ``perf_counter`` when its scores were on the host.
     """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.gpu_ms: float | None = None
         self.host_ms = self.wall_ms = 0.0
+        self.done_at = 0.0
         self._marked = False
         if self.cuda:
             self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -45,19 +49,28 @@ class LaunchedPass:
         self._done = not self.cuda
         if self._done:
             self.wall_ms = self.host_ms
+            self.done_at = self._t0 + self.host_ms / 1000
         return self
 
     def busy(self) -> bool:
         """The device is still working on this pass (CUDA only: elsewhere a launched pass has run)."""
         return self.cuda and not self._done and not self._end.query()
 
-    def result(self) -> np.ndarray:
+    def result(self, since: float = 0.0) -> np.ndarray:
+        """The scores on the host, waiting for the device; ``since``: when the pass before it was read back."""
         if not self._done:
             self._end.synchronize()
             self.gpu_ms = self._start.elapsed_time(self._end)
-            self.wall_ms = (time.perf_counter() - self._t0) * 1000
+            self.done_at = time.perf_counter()
+            self.wall_ms = exclusive_ms(self._t0, since, self.done_at)
             self._done = True
         return self._host.numpy()
+
+
+def exclusive_ms(launched_at: float, since: float, done_at: float) -> float:
+    """A pass's share of the wall clock: from its launch, or the previous pass's read-back if that came
+    later (it was queued behind it), to its own read-back. Consecutive passes' shares never overlap."""
+    return (done_at - max(launched_at, since)) * 1000
 
 
 class Prelaunched:

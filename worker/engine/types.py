@@ -77,7 +77,7 @@ class PassStats:
     real_tokens: int  # cost tokens of the rows, no padding (the prefix too when it was not cached)
     padded_tokens: int  # tokens the forward computed: items x width, padding included
     prefix_tokens_reused: int = 0  # prompt-prefix tokens read from the shared KV cache instead of computed
-    infer_ms: float = 0.0  # forward + scoring, device synchronised by the copy of the scores to the host
+    infer_ms: float = 0.0  # launch (CUDA: or the read-back of the pass before, if later) to scores on the host
     gpu_ms: float | None = None  # the same pass on the device's clock (CUDA events); None off CUDA
     host_ms: float = 0.0  # host time spent on the pass (launch + postprocess; on the CPU: all of it)
 
