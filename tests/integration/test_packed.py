@@ -21,6 +21,7 @@ from worker.assemble import choose_scorer
 from worker.engine import bucketing, varlen
 from worker.engine.classifier import Classifier
 from worker.engine.compat import cache_kwarg, output_cache
+from worker.engine.isolation import run_passes
 from worker.engine.loader import load_model
 from worker.engine.results import in_input_order
 from worker.engine.task import Task, default_task
@@ -162,6 +163,33 @@ def test_one_pass_in_flight_yields_every_pass_once_in_order(loaded, monkeypatch)
     ahead = [first, *gen]
     assert [r[0] for r in ahead] == [r[0] for r in plain] and len(plain) > 2
     assert [p for r in ahead for p in r[1]] == [p for r in plain for p in r[1]]
+
+
+def test_a_pass_whose_launch_fails_is_isolated_and_the_pass_queued_before_it_keeps_its_labels(loaded, monkeypatch):
+    """With one pass in flight ahead, pass k+1 is launched before pass k is read back: a launch that raises (an
+    out-of-memory on the largest pass) must be pass k+1's failure, not pass k's. Pass k is read back as it ran;
+    only pass k+1's tickets are re-run one by one (alone, they fit)."""
+    clf = make(loaded, attention="packed", pass_max_items=3, lookahead="on")
+    items = clf.prepare_valid(TEXTS)
+    plan = clf.plan(items)
+    want = clf.classify(items, plan)[0]
+    bad = plan[1].indices[0]  # a ticket of the second pass, which is launched while the first is in flight
+    launch = clf.launch_pass
+
+    def launch_or_fail(chunk, **kw):
+        if len(chunk) > 1 and any(p is items[bad] for p in chunk):
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return launch(chunk, **kw)
+
+    monkeypatch.setattr(clf, "launch_pass", launch_or_fail)
+    out = list(run_passes(clf.classify_passes, plan, items))
+    assert [r.indices for r in out] == [b.indices for b in plan] and len(plan) > 2
+    assert [r.split_retries for r in out] == [0, plan[1].size] + [0] * (len(plan) - 2)
+    got = [None] * len(items)
+    for r in out:
+        for i, p in zip(r.indices, r.predictions):
+            got[i] = p
+    assert_same(got, want)
 
 
 def test_the_next_windows_first_pass_is_queued_before_the_last_pass_is_read_back(loaded, monkeypatch):

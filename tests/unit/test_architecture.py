@@ -26,6 +26,7 @@ PURE = (
     "worker.stream.metrics",
     "worker.stream.window",
     "worker.engine.isolation",
+    "worker.engine.pipeline",
     "worker.settings",
     "worker.settings_table",
     "worker.assemble",
@@ -39,6 +40,7 @@ PURE = (
 )
 NUMPY_FREE = (
     "worker.engine.types",
+    "worker.engine.pipeline",
     "worker.engine.bucketing",
     "worker.engine.overhead",
     "worker.stream.messages",

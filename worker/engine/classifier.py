@@ -37,6 +37,7 @@ from worker.engine.joined import check_pair, join_encoder
 from worker.engine.labels import LabelTokens
 from worker.engine.launch import LaunchedPass, Prelaunched
 from worker.engine.loader import LoadedModel
+from worker.engine.pipeline import run_ahead
 from worker.engine.prompt import PromptTemplate, build_template, encoder_template
 from worker.engine.results import PassOutput, in_input_order, pass_cost, predictions, softmax
 from worker.engine.results import decide as decide
@@ -344,23 +345,15 @@ class Classifier:
         attention = attention or self.attention
         if passes is None:
             passes = self.plan(items, cached, attention)
-        ahead = self.lookahead
-        pending = None
-        for j, b in enumerate(passes):
-            chunk = [items[i] for i in b.indices]
-            launched = first.take(b, (cached, attention, pad_to)) if first is not None and j == 0 else None
-            if launched is None:
-                launched = self.launch_pass(chunk, prefix_cache=cached, pad_to=pad_to, attention=attention)
-            if pending is not None:
-                yield self._complete(*pending, cached, attention, pad_to)
-            pending = (b, chunk, launched)
-            if not ahead:
-                yield self._complete(*pending, cached, attention, pad_to)
-                pending = None
-        if pending is not None:
-            if before_last is not None:
-                before_last(pending[2].busy)
-            yield self._complete(*pending, cached, attention, pad_to)
+        settings, run = (cached, attention, pad_to), dict(prefix_cache=cached, pad_to=pad_to, attention=attention)
+        yield from run_ahead(
+            passes,
+            lambda b: self.launch_pass([items[i] for i in b.indices], **run),
+            lambda b, launched: self._complete(b, [items[i] for i in b.indices], launched, *settings),
+            ahead=self.lookahead,
+            adopt=(lambda b: first.take(b, settings)) if first is not None else None,
+            before_last=(lambda launched: before_last(launched.busy)) if before_last is not None else None,
+        )
 
     def prelaunch(self, items: Sequence[Prepared], passes: Sequence[bucketing.Pass]) -> Prelaunched:
         """Queue ``passes[0]`` now, behind what is on the device, as ``classify_passes(items, passes)`` would."""
