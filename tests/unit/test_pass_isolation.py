@@ -69,7 +69,7 @@ def test_a_fatal_exception_is_not_isolated_but_propagates():
 def _ahead(events: list, fail_launch=lambda p, items: False, **kw):
     """``classify_passes`` as the classifier builds it: ``run_ahead`` over a fake launch (events record the order)."""
 
-    def classify_passes(items, passes):
+    def classify_passes(items, passes, before_last=None):
         def launch(p):
             events.append(("launch", p.indices))
             if fail_launch(p, items):
@@ -81,7 +81,7 @@ def _ahead(events: list, fail_launch=lambda p, items: False, **kw):
             events.append(("read", p.indices))
             return p.indices, [_pred() for _ in p.indices], PassStats(items=p.size, real_tokens=1, padded_tokens=1)
 
-        return run_ahead(passes, launch, complete, ahead=True, **kw)
+        return run_ahead(passes, launch, complete, ahead=True, before_last=before_last, **kw)
 
     return classify_passes
 
@@ -91,8 +91,10 @@ PLAN = [Pass((0, 1), (3, 3)), Pass((2, 3), (3, 3)), Pass((4,), (3,))]
 
 def test_one_pass_in_flight_ahead_and_the_last_announced_before_its_read_back():
     events, announced = [], []
-    fn = _ahead(events, before_last=lambda launched: announced.append((launched, len(events))))
-    out = [r[0] for r in fn([_prep(i) for i in range(5)], PLAN)]
+    fn = _ahead(events)
+    out = [
+        r[0] for r in fn([_prep(i) for i in range(5)], PLAN, lambda launched: announced.append((launched, len(events))))
+    ]
     assert out == [(0, 1), (2, 3), (4,)]
     assert events == [
         ("launch", (0, 1)),
@@ -128,3 +130,14 @@ def test_a_launch_that_fails_is_its_own_passs_failure_not_the_pass_queued_before
     assert [r.split_retries for r in out] == [0, 2, 0]
     assert all(p == _pred() for r in out for p in r.predictions)  # alone, ticket 13's launch is fine
     assert events.count(("read", (0, 1))) == 1 and ("launch", (2,)) in events and ("launch", (3,)) in events
+
+
+def test_the_plans_end_is_announced_once_never_by_a_failed_passs_one_ticket_calls():
+    """The worker takes the next window at ``before_last``: a failed pass's tickets re-run alone are not the
+    window's end (before, each of those calls announced it, and the next window was queued mid-window)."""
+    events, announced = [], []
+    fn = _ahead(events, fail_launch=lambda p, items: p.size > 1 and any(items[i].ids[0] == 13 for i in p.indices))
+    items = [_prep(13), _prep(1), _prep(2), _prep(3), _prep(4)]
+    out = list(run_passes(fn, PLAN, items, before_last=announced.append))
+    assert [r.split_retries for r in out] == [2, 0, 0]
+    assert announced == [(4,)]  # once, by the call over the plan's rest, with its last pass in flight

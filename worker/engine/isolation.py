@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from worker.engine.bucketing import Pass
 from worker.engine.types import PassStats, Prediction, Prepared, RunStats
 
-PassesFn = Callable[[Sequence[Prepared], Sequence[Pass]], Iterable[tuple[tuple[int, ...], list[Prediction], PassStats]]]
+# classify_passes(items, passes[, before_last=]) -> (indices, predictions, cost) per pass
+PassesFn = Callable[..., Iterable[tuple[tuple[int, ...], list[Prediction], PassStats]]]
 
 
 @dataclass
@@ -36,15 +37,20 @@ def run_passes(
     plan: Sequence[Pass],
     items: Sequence[Prepared],
     fatal: tuple[type[BaseException], ...] = (),
+    before_last: Callable | None = None,
 ) -> Iterator[PassResult]:
     """Each planned pass in order, from one ``classify_passes`` call over the whole plan (so an engine that
     queues pass k+1 before handing back pass k keeps doing so); a pass that raises is re-run ticket by
-    ticket, and the passes after it continue in a new call. A ``fatal`` exception propagates as it is."""
+    ticket, and the passes after it continue in a new call. A ``fatal`` exception propagates as it is.
+
+    ``before_last`` goes to the calls over the plan's rest (``classify_passes(..., before_last=)``: their
+    last pass is the plan's), never to a failed pass's one-ticket calls, which are not the plan's end."""
     todo = list(plan)
+    run = {"before_last": before_last} if before_last is not None else {}
     while todo:
         done = 0
         try:
-            for indices, preds, cost in classify_passes(items, todo):
+            for indices, preds, cost in classify_passes(items, todo, **run):
                 stats = RunStats()
                 stats.add(cost)
                 done += 1

@@ -221,8 +221,8 @@ class _Loop:
             self._put(PassWrite(job, first, last=True))
             return
         job.metrics.first_pass_early = early is not None
-        classify = partial(self.clf.classify_passes, first=early, before_last=self._take_next_early)
-        passes = run_passes(classify, plan, w.prepared)
+        classify = partial(self.clf.classify_passes, first=early)
+        passes = run_passes(classify, plan, w.prepared, before_last=self._take_next_early)
         for k in range(len(plan)):
             if job.dropped or w.epoch != self.guard.epoch:  # the group was lost meanwhile: stop spending compute
                 job.dropped = True
@@ -258,7 +258,7 @@ class _Loop:
         windows), so the device keeps working while this window's last results become records and the next
         window starts. The wait is the one for the pass's scores anyway; after it, nothing waits for the reader."""
         if self._taken_early is not _NOTHING:
-            return  # a failed pass's tickets re-run one by one call this again
+            return  # at most one window ahead
         item = wait_while(self.reader.next_window, busy)
         if item is None:
             return
