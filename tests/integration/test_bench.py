@@ -203,6 +203,7 @@ def test_mode6_through_redis_gives_the_same_labels(tiny_model_dir, redis_url, ke
     assert 0 < out["first_result_s"] <= out["done_s_p50"] <= out["wall_s"]
     assert out["cuda_graphs_start_up"] is None and "first window read + tokenized" in redis_line(out)
     assert out["window_items"] == [4, 1] and out["windows_first_pass_early"] == 0  # no lookahead on a CPU
+    assert out["gpu_s"] is None and out["gpu_busy_pct"] is None and "device busy" not in redis_line(out)  # no CUDA
     assert "2 worker windows (4, 1 tickets, 0 with the first pass queued early)" in redis_line(out)
     assert _ramp([256, 512, 4096, 4096, 1888]) == "256, 512, 4096 x2, 1888" and _ramp(None) == "?"
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))  # cleaned up

@@ -70,6 +70,7 @@ def run_redis(
         batches = [e for e in events if e.get("event") == "window"]  # the worker logs one line per window
         wall_s = max(done_ms) / 1000.0
         infer_s = _seconds(batches, "infer_ms")
+        gpu_s = _seconds(batches, "gpu_ms") if any(e.get("gpu_ms") is not None for e in batches) else None
         out.update(
             wall_s=wall_s,
             items_per_s=len(texts) / wall_s if wall_s > 0 else None,
@@ -81,6 +82,8 @@ def run_redis(
             write_s=_seconds(batches, "write_ms"),
             read_s=_seconds(batches, "read_ms"),
             queue_overhead_pct=100.0 * (wall_s - infer_s) / wall_s if wall_s > 0 else None,
+            gpu_s=gpu_s,  # CUDA: the passes' device time; mode 5's clocks say the same of it (gpu_busy_pct)
+            gpu_busy_pct=100.0 * gpu_s / wall_s if gpu_s is not None and wall_s > 0 else None,
             # read + tokenize before the first pass: nothing to overlap it with yet
             first_window_s=_seconds(batches[:1], "read_ms", "tokenize_ms") if batches else None,
             first_result_s=min(done_ms) / 1000.0,  # worker_ready to the first result: the ramp's latency effect

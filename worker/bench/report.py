@@ -372,7 +372,9 @@ def redis_line(red: dict) -> str:
         f"6 through Redis + worker: {red['items']} tickets, {_f(red['items_per_s'], 2)} items/s "
         f"({_f(red.get('vs_mode5'), 2)}x mode 5, measured at another time) "
         f"over {red['wall_s']:.1f}s from worker_ready to the "
-        f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes; "
+        f"last result, {_f(red.get('queue_overhead_pct'), 1)}% of it outside the forward passes"
+        + (f", the device busy {_f(red['gpu_busy_pct'], 1)}% of it" if red.get("gpu_busy_pct") is not None else "")
+        + "; "
         f"{red['worker_windows']} worker windows ({_ramp(red.get('window_items'))} tickets, "
         f"{red.get('windows_first_pass_early', '?')} with the first pass queued early): "
         f"infer {red['infer_s']:.1f}s, tokenize {red['tokenize_s']:.2f}s, "

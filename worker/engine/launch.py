@@ -16,8 +16,10 @@ class LaunchedPass:
     the host-side preparation) to its scores landing in host memory, from CUDA events; device time
     waiting for the host's launches inside that span counts, time before it does not.
     ``wall_ms``: launch start until its scores are on the host; on CUDA, from the later of its launch
-    and the read-back of the pass queued before it (``result(since=)``), so passes queued ahead of
-    each other add up to the time the host waited instead of counting the same device time twice.
+    and the read-back of the pass queued before it (``result(since=)``). Passes queued behind each
+    other then split the main thread's time from the first launch to the last read-back between
+    them (the host's work between read-backs included), instead of counting the same device time
+    twice; ``gpu_ms`` is the device's own share.
     ``done_at``: ``perf_counter`` when its scores were on the host.
     """
 
