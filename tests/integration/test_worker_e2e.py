@@ -312,6 +312,9 @@ def test_summary_lines_and_warm_stop(worker, stream_env, r):
     stopped = worker.events("worker_stopped")[-1]
     assert stopped["reason"] == "signal SIGTERM"
     assert r.get(stream_env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + stream_env["TRIAGE_CONSUMER"]) is None
+    # nothing pending and the reader stopped: its consumer name leaves the group (no trail of dead names)
+    consumers = [c["name"] for c in r.xinfo_consumers(stream_env["TRIAGE_INPUT_STREAM"], "triage")]
+    assert stream_env["TRIAGE_CONSUMER"] not in consumers, consumers
     assert run_cli(stream_env, "healthcheck", "-q").returncode == 1
     # structlog JSON only on stderr: no stray progress bars or prints
     assert all(line.startswith("{") for line in worker.lines), [x for x in worker.lines if not x.startswith("{")][:3]

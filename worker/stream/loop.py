@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 _NOTHING = object()  # no item taken early
 EARLY_POLL_S = 0.002  # how often the wait for the next window asks whether the device is done
+READER_JOIN_S = 2.0  # at exit: a read in progress (a 0.5 s block, then the rest of a window) ends by then
 
 
 def wait_while(get, busy, poll_s: float = EARLY_POLL_S):
@@ -377,10 +378,13 @@ class _Loop:
         self.shutdown.stop.set()
         self._maybe_summary(force=True)
         self.keeper.stop()
+        self.reader.join(timeout=READER_JOIN_S)  # gone already unless the writer failed: it may be mid-read
         try:
             self.heartbeat.clear()
-            if self.source.own_pending_count() == 0:
-                self.source.delete_consumer()  # unique per process: do not leave a trail of dead names in XINFO
+            # unique per process: do not leave a trail of dead names in XINFO. Never while the reader may still
+            # read: an entry it takes after the count would leave the pending list with the consumer, unacked.
+            if not self.reader.is_alive() and self.source.own_pending_count() == 0:
+                self.source.delete_consumer()
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))
         totals = self.status.snapshot()

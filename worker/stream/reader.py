@@ -195,22 +195,23 @@ class Reader(threading.Thread):
         try:
             if self._pending_cursor is not None:
                 got = self.source.read_own_pending(self._pending_cursor, self.cap_items)
-                self._pending_cursor = got[-1].stream_id if got else None
+                if self.guard.epoch == self._epoch:  # else the group was recreated meanwhile: its reset to "0" stands
+                    self._pending_cursor = got[-1].stream_id if got else None
                 fresh = self._take(got)
                 if fresh:
                     return "pending", fresh
             if time.monotonic() >= self._next_claim_s:
-                got, self._claim_cursor, deleted = self.source.autoclaim(
-                    self._claim_cursor, self.cap_items, self.claim_idle_ms
-                )
+                got, cursor, deleted = self.source.autoclaim(self._claim_cursor, self.cap_items, self.claim_idle_ms)
+                if self.guard.epoch == self._epoch:  # as above
+                    self._claim_cursor = cursor
+                    if cursor == "0-0":
+                        self._next_claim_s = time.monotonic() + self._claim_interval_s
                 if deleted:
                     self.log.warning(
                         "claimed_entries_deleted",
                         count=len(deleted),
                         note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them",
                     )
-                if self._claim_cursor == "0-0":
-                    self._next_claim_s = time.monotonic() + self._claim_interval_s
                 fresh = self._take(got)
                 # in_hand: our own window, idle so long that we re-claimed it
                 # from ourselves (or from a stale claimer)

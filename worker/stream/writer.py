@@ -72,10 +72,15 @@ class Writer(threading.Thread):
                 waited = True
 
     def close(self) -> None:
-        """Write everything queued, then stop (blocks; a write that keeps failing keeps retrying)."""
-        if self.is_alive():
-            self._queue.put(None)
-            self.join()
+        """Write everything queued, then stop (blocks; a write that keeps failing keeps retrying). Returns if the
+        writer fails meanwhile (``failed``): a full queue is never drained then, so the stop is offered in turns."""
+        while self.is_alive():
+            try:
+                self._queue.put(None, timeout=0.2)
+                break
+            except queue.Full:
+                continue
+        self.join()
 
     def run(self) -> None:
         while True:
