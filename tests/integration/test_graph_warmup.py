@@ -64,17 +64,23 @@ def test_each_synthetic_pass_replays_at_its_shape_within_the_caps(max_tokens, ma
     assert made >= 3
 
 
-def test_warm_up_runs_one_synthetic_pass_per_listed_shape(loaded, monkeypatch):
-    clf = make(loaded, attention="packed", pass_max_items=16, pass_max_tokens=512)
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_warm_up_runs_one_synthetic_pass_per_listed_shape(loaded, monkeypatch, prefix_cache):
+    """Without the prefix cache every row carries the prompt prefix: the synthetic tickets are that much shorter,
+    so the rows the forward sees, prefix included, still have the listed shapes."""
+    caps = {"pass_max_items": 16, "pass_max_tokens": 512 if prefix_cache else 8192}  # rows of ~300+ tokens uncached
+    clf = make(loaded, attention="packed", prefix_cache=prefix_cache, **caps)
     items = clf.prepare_valid(TEXTS)
     before = clf.classify(items)[0]
     assert warm_up(clf) is None  # no CUDA graphs on the CPU: nothing runs
     launched = stand_in_runner(clf, monkeypatch)
     got = warm_up(clf)
-    o, max_row = clf.options, clf.framing.max_row
-    want = [s for s in full_pass_shapes(o.pass_max_tokens, o.pass_max_items, max_row) if lengths_for(s, max_row, 16)]
-    shapes = [shape_for(Layout.build([len(p.ids) for p in chunk])) for chunk in launched]
-    assert sorted(shapes) == sorted(want) and got["passes"] == len(want) >= 3
+    carried = 0 if prefix_cache else clf.prefix_length
+    o, max_row = clf.options, clf.framing.max_row + carried
+    listed = full_pass_shapes(o.pass_max_tokens, o.pass_max_items, max_row)
+    want = [s for s in listed if (n := lengths_for(s, max_row, o.pass_max_items)) and min(n) > carried]
+    shapes = [shape_for(Layout.build([len(p.ids) + carried for p in chunk])) for chunk in launched]
+    assert sorted(shapes) == sorted(want) and got["passes"] == len(want) >= 2
     assert clf.classify(items)[0] == before  # the synthetic passes leave no trace in real answers
 
 
@@ -146,3 +152,40 @@ def test_cuda_warm_up_captures_full_passes_before_the_first_window(tiny_model_di
     assert runner.replays == hits + sum(max(0, n - 2) for n in new.values())
     clf.classify(items)  # every new shape came back: all captured now
     assert runner.captures == got["captures"] + len(new) and runner.enabled
+
+
+FAILED_CAPTURE = """
+import torch
+from worker.engine.graphs import GraphRunner
+
+runner = GraphRunner.__new__(GraphRunner)  # only its pool: the capture itself is what is tested
+runner.pool = torch.cuda.graph_pool_handle()
+stream = torch.cuda.current_stream()
+x = torch.ones(4, device="cuda")
+try:
+    runner._record(torch.cuda.CUDAGraph(), lambda: (x * 2).sum().item())  # a host sync breaks the capture
+except Exception as e:
+    print("capture failed:", type(e).__name__)
+else:
+    raise SystemExit("the capture did not fail")
+assert torch.cuda.current_stream() == stream, "left on the capture stream"
+for _ in range(3):  # allocations and frees after it, then what aborted on torch <= 2.11 (pytorch#180395)
+    y = torch.randn(1 << 22, device="cuda") * 2
+    del y
+torch.cuda.synchronize()
+torch.cuda.empty_cache()
+print("eager work goes on")
+"""
+
+
+@cuda
+def test_cuda_a_failed_capture_leaves_the_process_able_to_run_eagerly():
+    """Graphs are turned off after a failed capture and passes run eagerly: the allocator and the current stream
+    must be as before it. In a process of its own: on a broken allocator the interpreter aborts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", FAILED_CAPTURE], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "eager work goes on" in run.stdout, (run.stdout + run.stderr)[-2000:]

@@ -470,6 +470,33 @@ def test_graph_shapes_are_a_small_ladder():
     assert next_pow2(1, 8) == 8 and next_pow2(9, 8) == 16 and next_pow2(64, 64) == 64 and next_pow2(65, 64) == 128
 
 
+def test_a_pass_is_rounded_to_its_graph_shape_only_while_it_can_have_a_graph():
+    """Once MAX_GRAPHS shapes are captured, a pass of another shape runs eagerly: rounding it up would only add
+    tokens and empty rows. A pass of a captured shape is still rounded (it replays)."""
+    from worker.engine.graphs import MAX_GRAPHS, GraphRunner, shape_for
+    from worker.engine.packed import Layout
+
+    runner = GraphRunner.__new__(GraphRunner)  # the shape bookkeeping only (capture itself is CUDA)
+    runner.enabled, runner.graphs = True, {}
+    layout = Layout.build([5, 70, 300])
+    shape = shape_for(layout)
+    assert shape != (layout.total, 3, 300)
+
+    def rounded(r):
+        out = r.layout_for(layout)
+        assert (out.lengths, out.total) == (layout.lengths, layout.total)
+        return (out.padded_total, out.segments, out.max_len)
+
+    assert rounded(runner) == shape  # it may still be captured
+    runner.graphs = {(256 * (i + 1), 8, 64, 0, False, "flash"): None for i in range(MAX_GRAPHS)}
+    assert shape not in {k[:3] for k in runner.graphs}
+    assert rounded(runner) == (layout.total, 3, 300)  # no slot left for its shape: as it is
+    runner.graphs[(*shape, 0, False, "flash")] = None
+    assert rounded(runner) == shape  # its shape has a graph: replayed, so rounded
+    runner.enabled = False
+    assert rounded(runner) == (layout.total, 3, 300)
+
+
 def test_the_replay_check_sees_one_wrong_row_beside_outlier_channels():
     from worker.engine.graphs import REPLAY_TOLERANCE, replay_error
 

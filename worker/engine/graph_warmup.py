@@ -63,14 +63,16 @@ def warm_up(clf) -> dict | None:
     if runner is None or clf.attention != "packed":
         return None
     o = clf.options
-    max_row = clf.framing.max_row
+    carried = 0 if clf.use_prefix_cache else clf.prefix_length  # without the cache each row carries the prefix
+    max_row = clf.framing.max_row + carried
     base = clf.prepare_valid(["warm-up ticket"])[0]
     items: list = []
     plan: list[Pass] = []
     for shape in full_pass_shapes(o.pass_max_tokens, o.pass_max_items, max_row):
-        if (lengths := lengths_for(shape, max_row, o.pass_max_items)) is not None:
+        lengths = lengths_for(shape, max_row, o.pass_max_items)
+        if lengths is not None and min(lengths) > carried:
             indices = tuple(range(len(items), len(items) + len(lengths)))
-            items += [dataclasses.replace(base, ids=_cycle(base.ids, n)) for n in lengths]
+            items += [dataclasses.replace(base, ids=_cycle(base.ids, n - carried)) for n in lengths]
             plan.append(Pass(indices, tuple(clf.cost_length(items[i]) for i in indices)))
     before = runner.captures
     wall_s = capture_plan(clf, items, plan)

@@ -19,7 +19,9 @@ CUDA only: nothing here runs on CPU or MPS.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -34,6 +36,9 @@ from worker.engine.transfer import staged
 log = logging.getLogger("triage.engine")
 
 MAX_GRAPHS = 32  # distinct shapes captured per classifier; later new shapes run eagerly
+# A graph keeps its outputs (hidden states, kept K/V) for good: no new capture below this share of free memory,
+# so graphs never crowd out the eager passes (a 32k-token graph with kept K/V is ~0.4-0.8 GB at 0.1-0.5B).
+MIN_FREE_FRACTION = 0.2
 CAPTURE_AT_SIGHT = 2  # a new shape is captured on its second pass (the first runs eagerly)
 CAPTURED_EVENT = "cuda_graph_captured"
 # A replay may differ from its eager pass by rounding only (the same kernels); a value baked into the graph
@@ -122,9 +127,13 @@ class GraphRunner:
         return self.sightings.at_first_sight()
 
     def layout_for(self, layout: Layout) -> Layout:
+        """The pass rounded up to its graph shape, if it has or may still get a graph; else as it is (an eager
+        pass gains nothing from the extra tokens and empty rows)."""
         if not self.enabled:
             return layout
-        tokens, rows, longest = shape_for(layout)
+        tokens, rows, longest = shape = shape_for(layout)
+        if len(self.graphs) >= MAX_GRAPHS and all(key[:3] != shape for key in self.graphs):
+            return layout
         return Layout(layout.lengths, layout.starts, layout.total, tokens, rows, longest)
 
     def run(self, layout: Layout, ids, pos, cu, prefix, keep_kv: bool, kernel: str):
@@ -134,7 +143,7 @@ class GraphRunner:
         key = (layout.padded_total, layout.segments, layout.max_len, id(prefix), keep_kv, kernel)
         g = self.graphs.get(key)
         if g is None:
-            if len(self.graphs) >= MAX_GRAPHS or not self.sightings.capture_now(key):
+            if len(self.graphs) >= MAX_GRAPHS or not self.sightings.capture_now(key) or not _room():
                 return None
             t0 = time.perf_counter()
             try:
@@ -176,12 +185,12 @@ class GraphRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up outside the capture (allocator, cuBLAS handles, lazy inits)
+            fwd()  # warm-up outside the capture (allocator, cuBLAS handles, lazy inits)
+            with _syncs_raise():  # what would break the capture (a host sync) raises here, before it starts
                 fwd()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            hidden = fwd()
+        hidden = self._record(graph, fwd)
         g = _Graph(graph, st_ids, st_pos, st_cu, hidden, list(call.kv), call)
         self.captures += 1
         # check: the real pass by replay == the real pass eagerly
@@ -191,16 +200,51 @@ class GraphRunner:
         graph.replay()
         err = replay_error(g.hidden[: layout.total], want)
         if not err <= REPLAY_TOLERANCE:
-            self._disable(f"replay differs from the eager pass (relative error {err:.3g} > {REPLAY_TOLERANCE})")
+            why = "the pass's hidden states are not finite (an fp16 overflow?)" if math.isnan(err) else "differs"
+            self._disable(f"replay {why}: relative error {err:.3g} against the eager pass (> {REPLAY_TOLERANCE})")
             return None
         # the check ended with a host sync (.item()): capture_ms is the capture's whole cost
         log_captured(tokens=tokens, rows=rows, longest=longest, max_rel_diff=err, capture_ms=_ms(t0))
         return g
 
+    def _record(self, graph, fwd) -> torch.Tensor:
+        """``fwd`` captured into ``graph``; its output. If the capture's end fails, torch <= 2.11 leaves the
+        allocator routing this thread's allocations to the graph pool (a later free then aborts the process,
+        pytorch#180395) and the thread on the capture stream: both are undone before the error goes on."""
+        stream = torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                return fwd()
+        except BaseException:
+            end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+            if end is not None:
+                with contextlib.suppress(Exception):  # raises if the capture's end did it already
+                    end(torch.cuda.current_device(), self.pool)
+            torch.cuda.set_stream(stream)
+            raise
+
     def _disable(self, why: str) -> None:
         log.warning("CUDA graphs off for this process, packed passes run eagerly: %s", why)
         self.enabled = False
         self.graphs.clear()
+
+
+@contextmanager
+def _syncs_raise() -> Iterator[None]:
+    """Inside, an op that synchronises the host with the device raises (as it would break a capture)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _room() -> bool:
+    """Enough free device memory for another graph's outputs (``MIN_FREE_FRACTION``; the allocator's cached,
+    unused blocks count as free)."""
+    free, total = torch.cuda.mem_get_info()
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    return free + cached >= MIN_FREE_FRACTION * total
 
 
 def replay_error(got: torch.Tensor, want: torch.Tensor) -> float:
