@@ -232,11 +232,12 @@ class GraphRunner:
 @contextmanager
 def _syncs_raise() -> Iterator[None]:
     """Inside, an op that synchronises the host with the device raises (as it would break a capture)."""
+    before = torch.cuda.get_sync_debug_mode()  # a caller's own "error" (tests/integration/test_uploads.py) stays
     torch.cuda.set_sync_debug_mode("error")
     try:
         yield
     finally:
-        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.set_sync_debug_mode(before)
 
 
 def _room() -> bool:
