@@ -77,10 +77,10 @@ class Writer(threading.Thread):
         while self.is_alive():
             try:
                 self._queue.put(None, timeout=0.2)
-                break
             except queue.Full:
                 continue
-        self.join()
+            self.join()
+            return
 
     def run(self) -> None:
         while True:
