@@ -15,6 +15,94 @@ from worker.stream.source import StreamSource
 QUIET = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None, exception=lambda *a, **k: None)
 
 
+def _reader(source: StreamSource, *, cap_items: int = 16) -> Reader:
+    reader = Reader(
+        source,
+        lambda texts: texts,
+        plan=lambda prepared: [],
+        guard=GroupGuard(source, QUIET),
+        sizer=WindowSizer(0, cap_items),
+        max_wait_ms=0,
+        claim_idle_ms=60_000,
+        max_deliveries=5,
+        max_text_bytes=10_000,
+        reconnect_max_s=1.0,
+        stop=threading.Event(),
+        log=QUIET,
+        drain=True,  # short blocking reads of new entries
+    )
+    reader.cap_items = cap_items
+    return reader
+
+
+def _deliveries(client: redis.Redis, stream: str, consumer: str) -> dict[str, int]:
+    rows = client.xpending_range(stream, "triage", min="-", max="+", count=100, consumername=consumer)
+    return {r["message_id"].decode(): int(r["times_delivered"]) for r in rows}
+
+
+def test_re_reading_our_pending_entries_after_read_errors_counts_no_delivery_for_entries_still_in_hand(
+    redis_url, key_prefix
+):
+    """Every read error makes the reader re-read its own pending entries (a lost reply may have delivered some it
+    never saw). The entries of the window in hand must not count as delivered again each time, or a few Redis blips
+    during one long window dead-letter healthy tickets as poison (TRIAGE_MAX_DELIVERIES=5)."""
+    client = redis.Redis.from_url(redis_url)
+    stream = key_prefix + "tickets"
+    in_hand = [client.xadd(stream, {"id": f"h-{i}", "text": "hello"}).decode() for i in range(4)]
+    source = StreamSource(client, stream, "triage", "reader-test")
+    source.ensure_group()
+    reader = _reader(source)
+    reader._epoch = reader.guard.epoch
+    reader._pending_cursor = None  # the start's own re-read is done: this window is new entries
+    where, got = reader._read()
+    assert where == "new" and [e.stream_id for e in got] == in_hand
+    unseen = [client.xadd(stream, {"id": f"u-{i}", "text": "hello"}).decode() for i in range(2)]
+    client.xreadgroup("triage", "reader-test", {stream: ">"}, count=2)  # a reply lost on the way: ours, never seen
+
+    handed = []
+    for _ in range(6):  # six read errors while the window is in hand
+        reader._pending_cursor = "0"  # what _on_read_error does
+        where, got = reader._read()
+        if where == "pending":
+            handed += [(e.stream_id, e.deliveries) for e in got]
+    assert handed == [(i, 2) for i in unseen]  # the unseen ones once, as their second delivery
+    counts = _deliveries(client, stream, "reader-test")
+    assert {i: counts[i] for i in in_hand} == dict.fromkeys(in_hand, 1)
+    assert {i: counts[i] for i in unseen} == dict.fromkeys(unseen, 2)
+
+    restarted = _reader(source)  # a new process holds nothing: every pending entry is delivered again, counted
+    restarted._epoch = restarted.guard.epoch
+    where, got = restarted._read()
+    assert where == "pending"
+    assert [(e.stream_id, e.deliveries) for e in got] == [(i, 2) for i in in_hand] + [(i, 3) for i in unseen]
+    assert _deliveries(client, stream, "reader-test") == {**dict.fromkeys(in_hand, 2), **dict.fromkeys(unseen, 3)}
+
+
+def test_our_pending_entries_are_read_page_by_page_skipping_held_ones_and_deleted_ones_come_without_fields(
+    redis_url, key_prefix
+):
+    client = redis.Redis.from_url(redis_url)
+    stream = key_prefix + "tickets"
+    ids = [client.xadd(stream, {"id": f"p-{i}", "text": f"hello {i}"}).decode() for i in range(6)]
+    source = StreamSource(client, stream, "triage", "reader-test")
+    source.ensure_group()
+    client.xreadgroup("triage", "reader-test", {stream: ">"}, count=6)
+    client.xdel(stream, ids[4])
+    held = [ids[1], ids[3]]
+    pages, cursor = [], "0"
+    while cursor is not None:
+        got, cursor = source.read_own_pending(cursor, 2, held)
+        pages.append([(e.stream_id, e.fields and e.fields[b"text"].decode(), e.deliveries) for e in got])
+    assert pages == [
+        [(ids[0], "hello 0", 2)],
+        [(ids[2], "hello 2", 2)],
+        [(ids[4], None, 1), (ids[5], "hello 5", 2)],  # deleted: no fields, left pending for its dead letter
+        [],
+    ]
+    counts = _deliveries(client, stream, "reader-test")
+    assert counts == {ids[0]: 2, ids[1]: 1, ids[2]: 2, ids[3]: 1, ids[4]: 1, ids[5]: 2}
+
+
 def test_a_group_recreated_during_a_read_of_our_pending_entries_is_read_from_the_start_again(redis_url, key_prefix):
     """The reset comes from another thread (the writer or keeper met NOGROUP) while the reader waits for Redis; the
     read's own cursor must not overwrite it, or the new group's entries pending on us wait for a claim (60 s)."""
@@ -24,33 +112,19 @@ def test_a_group_recreated_during_a_read_of_our_pending_entries_is_read_from_the
         client.xadd(stream, {"id": f"r-{i}", "text": "hello"})
     source = StreamSource(client, stream, "triage", "reader-test")
     source.ensure_group()
-    guard = GroupGuard(source, QUIET)
-    reader = Reader(
-        source,
-        lambda texts: texts,
-        plan=lambda prepared: [],
-        guard=guard,
-        sizer=WindowSizer(0, 16),
-        max_wait_ms=0,
-        claim_idle_ms=60_000,
-        max_deliveries=5,
-        max_text_bytes=10_000,
-        reconnect_max_s=1.0,
-        stop=threading.Event(),
-        log=QUIET,
-    )
+    reader = _reader(source)
+    guard = reader.guard
     client.xreadgroup("triage", "reader-test", {stream: ">"}, count=3)  # delivered to us, not acked
     read = source.read_own_pending
 
-    def recreated_meanwhile(after_id, count):
-        got = read(after_id, count)
+    def recreated_meanwhile(after_id, count, held=()):
+        got = read(after_id, count, held)
         guard.epoch += 1  # what GroupGuard.recover does on the other thread, listeners included
         reader._group_recreated()
         return got
 
     source.read_own_pending = recreated_meanwhile
     reader._epoch = guard.epoch
-    reader.cap_items = 16
     where, got = reader._read()
     assert where == "pending" and len(got) == 3
     assert reader._pending_cursor == "0" and reader._claim_cursor == "0-0"  # the reset stands: read again from 0

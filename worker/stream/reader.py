@@ -194,9 +194,11 @@ class Reader(threading.Thread):
         t0 = time.perf_counter()
         try:
             if self._pending_cursor is not None:
-                got = self.source.read_own_pending(self._pending_cursor, self.cap_items)
+                got, cursor = self.source.read_own_pending(
+                    self._pending_cursor, self.cap_items, held=self.in_flight.snapshot(self._epoch)
+                )
                 if self.guard.epoch == self._epoch:  # else the group was recreated meanwhile: its reset to "0" stands
-                    self._pending_cursor = got[-1].stream_id if got else None
+                    self._pending_cursor = cursor
                 fresh = self._take(got)
                 if fresh:
                     return "pending", fresh

@@ -6,13 +6,14 @@ Only Redis calls live here; the policy of when to call what is in ``reader.py``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from worker.stream.messages import as_text
-from worker.stream.scripts import refresh_script
+from worker.stream.scripts import read_own_script, refresh_script
 
 PENDING_PAGE = 1000  # XPENDING rows per call when reading delivery counts
 
@@ -79,15 +80,21 @@ class StreamSource:
         reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
         return [RawEntry(as_text(i), f, 1, "new") for i, f in _entries(reply)]
 
-    def read_own_pending(self, after_id: str, count: int) -> list[RawEntry]:
-        """XREADGROUP ... <id> : this consumer's delivered-but-unacked entries after ``after_id``.
+    def read_own_pending(
+        self, after_id: str, count: int, held: Sequence[str] = ()
+    ) -> tuple[list[RawEntry], str | None]:
+        """This consumer's delivered-but-unacked entries after ``after_id`` ("0": from the first), except ``held``
+        (read by this process and not settled yet), and where the next page starts (None: this was the last).
 
-        Redis counts this as another delivery (checked on 7.0), which is what makes a
-        restart loop on one poison entry visible in its delivery count."""
-        reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: after_id}, count=count)
-        entries = [RawEntry(as_text(i), f, 0, "pending") for i, f in _entries(reply)]
-        self._fill_deliveries(entries)
-        return entries
+        Each entry handed out counts as another delivery, which is what makes a restart loop on one poison entry
+        visible in its delivery count; held entries are not counted again (scripts.READ_OWN)."""
+        start = "-" if after_id in ("0", "0-0") else "(" + after_id
+        reply = read_own_script(self.client, [self.stream], [self.group, self.consumer, start, count, *held])
+        entries = [
+            RawEntry(as_text(reply[k]), _field_dict(reply[k + 2]), int(reply[k + 1]), "pending")
+            for k in range(1, len(reply), 3)
+        ]
+        return entries, as_text(reply[0]) or None
 
     def autoclaim(self, cursor: str, count: int, min_idle_ms: int) -> tuple[list[RawEntry], str, list[str]]:
         """XAUTOCLAIM entries idle >= ``min_idle_ms`` (from any consumer, dead or stuck).
@@ -188,6 +195,14 @@ def id_before(stream_id: str) -> str:
     if seq > 0:
         return f"{ms}-{seq - 1}"
     return f"{ms - 1}-{2**64 - 1}" if ms > 0 else "0"
+
+
+def _field_dict(flat: Any) -> dict | None:
+    """A script's flat [name, value, ...] reply as XREADGROUP's fields (None: the entry was deleted; Lua's false
+    arrives as a null over RESP2 and as a boolean over RESP3)."""
+    if not isinstance(flat, list):
+        return None
+    return dict(zip(flat[0::2], flat[1::2]))
 
 
 def _entries(reply: Any) -> list[tuple[Any, Any]]:
