@@ -42,6 +42,7 @@ def stream_env(tiny_model_dir, redis_url, tmp_path_factory):
         TRIAGE_LOG_SUMMARY_S=1,
         TRIAGE_MAX_DELIVERIES=2,
         TRIAGE_CLAIM_IDLE_MS=300,
+        TRIAGE_HEARTBEAT_TTL_S=6,  # a beat every 2 s: a second process under the same name sees one soon
     )
     delete_keys(redis_url, prefix)
 
@@ -304,6 +305,20 @@ def test_healthcheck_exit_codes(worker, stream_env):
     assert json.loads(ok.stdout.splitlines()[0])["consumer"] == stream_env["TRIAGE_CONSUMER"]
     assert run_cli(stream_env, "healthcheck", "--consumer", "nobody-here").returncode == 1
     assert run_cli(stream_env, "healthcheck", "-q", "--host", "elsewhere.invalid").returncode == 1
+
+
+def test_a_second_process_under_the_same_consumer_name_exits_2_and_leaves_the_first_alone(worker, stream_env, r):
+    """Two processes under one TRIAGE_CONSUMER would re-read each other's pending entries (duplicates, delivery
+    counts towards the poison limit): the second is refused before it loads the model, as rq refuses a live name."""
+    second = run_cli(stream_env, "run")
+    assert second.returncode == 2, second.stderr[-2000:]
+    refused = [json.loads(x) for x in second.stderr.splitlines() if '"consumer_in_use"' in x]
+    assert refused and refused[0]["holder_pid"] == worker.pid, second.stderr[-2000:]
+    assert "TRIAGE_CONSUMER" in refused[0]["fix"]
+    assert not any('"model_loaded"' in x for x in second.stderr.splitlines())
+    assert worker.returncode is None
+    beat = json.loads(r.get(stream_env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + stream_env["TRIAGE_CONSUMER"]))
+    assert beat["pid"] == worker.pid
 
 
 def test_summary_lines_and_warm_stop(worker, stream_env, r):

@@ -87,17 +87,81 @@ class Status:
             }
 
 
+class NameInUse(Exception):
+    """Another live process beats under this consumer name (``holder``: its heartbeat)."""
+
+    def __init__(self, holder: dict):
+        super().__init__(f"consumer name in use by host {holder.get('host')} pid {holder.get('pid')}")
+        self.holder = holder
+
+
 class Heartbeat:
     def __init__(self, client: redis.Redis, key_prefix: str, consumer: str, ttl_s: int, info: dict | None = None):
         self.client = client
         self.key = key_prefix + consumer
         self.ttl_s = ttl_s
-        self.info = {"consumer": consumer, "host": socket.gethostname(), "pid": os.getpid(), **(info or {})}
+        self.info = {
+            "consumer": consumer,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "ttl_s": ttl_s,
+            **(info or {}),
+        }
         self.started_at_ms = now_ms()
 
     def beat(self, **status) -> None:
-        value = {**self.info, "started_at_ms": self.started_at_ms, "beat_at_ms": now_ms(), **status}
-        self.client.set(self.key, json.dumps(value), ex=self.ttl_s)
+        self.client.set(self.key, self._value(status), ex=self.ttl_s)
+
+    def _value(self, status: dict) -> str:
+        return json.dumps({**self.info, "started_at_ms": self.started_at_ms, "beat_at_ms": now_ms(), **status})
+
+    def claim(
+        self, stop: threading.Event, on_wait: Callable[[dict, float], None] | None = None, poll_s: float = 0.1
+    ) -> dict | None:
+        """Take the consumer name for this process before anything is read, as rq refuses a worker name that is
+        alive. Two processes under one name re-read each other's pending entries (duplicates; delivery counts that
+        reach TRIAGE_MAX_DELIVERIES), so a name whose heartbeat another process keeps refreshing raises
+        ``NameInUse``. A key left by a dead holder (kill -9) is waited out (``on_wait(holder, at_most_s)`` once),
+        as the healthcheck calls a worker dead when its key expires; one left by this very host and pid (a
+        container's PID 1 restarted) is taken at once, and so is a key that neither expires nor changes within
+        the TTL (no worker's heartbeat). Returns the holder taken over (None: the name was free, or ``stop``)."""
+        seen: dict | None = None
+        give_up = 0.0
+        while not stop.is_set():
+            if self.client.set(self.key, self._value({"phase": "starting"}), ex=self.ttl_s, nx=True):
+                return seen
+            holder = self._holder()
+            if holder is None:
+                continue  # expired between the two calls
+            if (holder.get("host"), holder.get("pid")) == (self.info["host"], self.info["pid"]):
+                self.beat(phase="starting")
+                return holder
+            if seen is None:
+                at_most_s = max(self.ttl_s, _number(holder.get("ttl_s"))) + 1.0  # a live holder beats 3x within
+                seen, give_up = holder, time.monotonic() + at_most_s
+                if on_wait is not None:
+                    on_wait(holder, at_most_s)
+            elif holder != seen:
+                raise NameInUse(holder)
+            elif time.monotonic() > give_up:
+                self.beat(phase="starting")
+                return holder
+            stop.wait(poll_s)
+        return None
+
+    def _holder(self) -> dict | None:
+        """The heartbeat under this name (None: no key; {} for a value that is not one)."""
+        try:
+            raw = self.client.get(self.key)
+        except redis.ResponseError:  # another type of key under this name: no heartbeat
+            return {}
+        if raw is None:
+            return None
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            return {}
+        return holder if isinstance(holder, dict) else {}
 
     def clear(self) -> None:
         self.client.delete(self.key)
@@ -152,6 +216,10 @@ class Keeper(threading.Thread):
     def stop(self) -> None:
         self._stop_evt.set()
         self.join(timeout=5)
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def fresh_heartbeats(client: redis.Redis, key_prefix: str, consumer: str | None = None) -> Iterator[tuple[str, dict]]:

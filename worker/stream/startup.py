@@ -16,7 +16,7 @@ import redis
 from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.connection import Backoff, connect, is_transient
-from worker.stream.health import Heartbeat, Keeper, Status
+from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
 from worker.stream.source import StreamSource
 
@@ -60,6 +60,11 @@ def start(settings, *, drain: bool) -> Started | int:
         settings.heartbeat_ttl_s,
         {"stream": settings.input_stream, "group": settings.group, "model": settings.model},
     )
+    if not _claim_name(heartbeat, shutdown, log):
+        return EXIT_CONFIG
+    if shutdown.stop.is_set():  # a signal while a dead holder's key was waited out
+        log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
+        return EXIT_OK
     keeper = Keeper(heartbeat, status, refresh=None, refresh_interval_s=settings.claim_idle_ms / 3000.0, log=log)
     keeper.start()  # phase "starting" while the model loads
     try:
@@ -70,6 +75,38 @@ def start(settings, *, drain: bool) -> Started | int:
         raise
     heartbeat.info["model"] = clf.model_name
     return Started(client, source, shutdown, log, status, heartbeat, keeper, clf)
+
+
+def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
+    """The consumer name for this process alone (``Heartbeat.claim``); False: another live process has it."""
+
+    def waiting(holder: dict, at_most_s: float) -> None:
+        log.warning(
+            "consumer_name_held",
+            holder_host=holder.get("host"),
+            holder_pid=holder.get("pid"),
+            holder_beat_at_ms=holder.get("beat_at_ms"),
+            note=f"waiting up to {at_most_s:g} s: a live holder refreshes its heartbeat, a dead one's expires",
+        )
+
+    try:
+        taken = heartbeat.claim(shutdown.stop, on_wait=waiting)
+    except NameInUse as e:
+        log.error(
+            "consumer_in_use",
+            holder_host=e.holder.get("host"),
+            holder_pid=e.holder.get("pid"),
+            holder_phase=e.holder.get("phase"),
+            fix="another live worker uses this TRIAGE_CONSUMER: give each process its own name (the default "
+            "<hostname>-<pid> is unique) or stop the other one",
+        )
+        return False
+    except Exception as e:  # noqa: BLE001 - a guard, not a dependency: Redis trouble shows on the first read
+        log.warning("consumer_name_unchecked", error=f"{type(e).__name__}: {e}")
+        return True
+    if taken:
+        log.info("consumer_name_taken_over", previous_host=taken.get("host"), previous_pid=taken.get("pid"))
+    return True
 
 
 def _load_model(settings, log):
