@@ -10,11 +10,12 @@ import json
 import os
 import socket
 import threading
+import time
 
 import pytest
 import redis
 
-from worker.stream.health import Heartbeat, NameInUse
+from worker.stream.health import Claim, Heartbeat, NameInUse
 
 
 @pytest.fixture
@@ -33,68 +34,89 @@ def _ours(client, key: str) -> bool:
     return raw is not None and json.loads(raw)["pid"] == os.getpid()
 
 
+def _beating(client, key: str, interval_s: float, **holder):
+    """Another worker's keeper: its first beat now, then one every ``interval_s`` until the returned stop is set."""
+    stop = threading.Event()
+    client.set(key, _other(int(time.time() * 1000), **holder), ex=30)
+
+    def beat():
+        while not stop.wait(interval_s):
+            client.set(key, _other(int(time.time() * 1000), **holder), ex=30)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    return stop, thread
+
+
 def test_a_free_name_is_taken_at_once(client, key_prefix):
     hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=5)
-    assert hb.claim(threading.Event()) is None
+    assert hb.claim(threading.Event()) == Claim(True, None)
     assert _ours(client, hb.key)
     assert 0 < client.ttl(hb.key) <= 5
 
 
-def test_a_name_another_process_keeps_beating_is_refused_and_left_to_it(client, key_prefix):
-    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=5)
-    stop = threading.Event()
-
-    client.set(hb.key, _other(0), ex=5)  # the other worker is up before this one starts
-
-    def beat():  # its keeper
-        n = 0
-        while not stop.wait(0.05):
-            n += 1
-            client.set(hb.key, _other(n), ex=5)
-
-    other = threading.Thread(target=beat)
-    other.start()
+@pytest.mark.parametrize(
+    ("holder", "interval_s", "told_s"),
+    [
+        ({}, 0.05, 6.0),  # waits at most the larger TTL + 1 s; refused at the holder's next beat
+        ({"ttl_s": None}, 2.5, 31.0),  # a worker from before ttl_s was written: the default TTL, not this one's 1 s
+        ({"host": socket.gethostname(), "pid": os.getpid(), "ttl_s": 1}, 0.05, None),  # a twin container, same pid
+    ],
+    ids=["live", "live-without-ttl", "live-twin-same-host-and-pid"],
+)
+def test_a_name_another_process_keeps_beating_is_refused_and_left_to_it(client, key_prefix, holder, interval_s, told_s):
+    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=5 if told_s == 6.0 else 1)
+    stop, thread = _beating(client, hb.key, interval_s, **holder)
     try:
         waits = []
         with pytest.raises(NameInUse) as refused:
-            hb.claim(threading.Event(), on_wait=lambda holder, at_most_s: waits.append((holder["pid"], at_most_s)))
+            hb.claim(threading.Event(), on_wait=lambda who, at_most_s: waits.append(at_most_s))
     finally:
         stop.set()
-        other.join()
-    assert refused.value.holder["pid"] == 4242 and refused.value.holder["host"] == "elsewhere"
-    assert waits == [(4242, 6.0)]  # told once how long it would wait at most: the larger TTL + 1 s
-    assert not _ours(client, hb.key)
+        thread.join()
+    assert refused.value.holder["pid"] == holder.get("pid", 4242)
+    if told_s is not None:
+        assert waits == [told_s]  # told once how long it would wait at most
+    assert "phase" not in json.loads(client.get(hb.key))  # the holder's beat: never overwritten by the claim
 
 
 def test_a_dead_holders_key_is_waited_out_then_taken_over(client, key_prefix):
     hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=1)
-    client.set(hb.key, _other(1), px=700)  # kill -9: nobody refreshes it
+    client.set(hb.key, _other(1), px=1500)  # kill -9: nobody refreshes it
     waits = []
-    taken = hb.claim(threading.Event(), on_wait=lambda holder, at_most_s: waits.append(holder["pid"]))
-    assert taken["pid"] == 4242 and waits == [4242]
+    claim = hb.claim(threading.Event(), on_wait=lambda holder, at_most_s: waits.append(holder["pid"]))
+    assert claim.took and claim.previous["pid"] == 4242 and waits == [4242]
     assert _ours(client, hb.key)
 
 
-def test_a_key_of_this_host_and_pid_is_taken_at_once(client, key_prefix):
-    """A container's PID 1 restarted under the same hostname: the name is its own."""
+def test_a_dead_key_of_this_host_and_pid_is_taken_once_its_next_beat_is_overdue(client, key_prefix):
+    """A container's PID 1 restarted under the same hostname: no waiting for the key's TTL."""
     hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
-    client.set(hb.key, _other(1, host=socket.gethostname(), pid=os.getpid()), ex=30)
+    last_beat_ms = int(time.time() * 1000) - 20_000  # 20 s ago: a beat every 10 s was due
+    client.set(hb.key, _other(last_beat_ms, host=socket.gethostname(), pid=os.getpid(), ttl_s=30), ex=30)
     waits = []
-    assert hb.claim(threading.Event(), on_wait=lambda *a: waits.append(a))["pid"] == os.getpid()
-    assert waits == [] and _ours(client, hb.key)
+    claim = hb.claim(threading.Event(), on_wait=lambda *a: waits.append(a))
+    assert claim.took and claim.previous["pid"] == os.getpid()
+    assert waits == [] and json.loads(client.get(hb.key))["beat_at_ms"] > last_beat_ms
 
 
-def test_a_key_that_is_no_heartbeat_is_overwritten_after_one_ttl(client, key_prefix):
-    """No expiry and no change within the TTL: no worker wrote it (each beat has a TTL); overwritten, as before."""
-    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=1)
-    client.set(hb.key, "left here by hand")
-    assert hb.claim(threading.Event()) == {}
-    assert _ours(client, hb.key) and client.ttl(hb.key) > 0
+@pytest.mark.parametrize("kind", ["string", "hash"])
+def test_a_key_that_is_no_heartbeat_is_overwritten_at_once(client, key_prefix, kind):
+    """No worker wrote it (each heartbeat names its host and pid): overwritten, as the keeper did before."""
+    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
+    if kind == "string":
+        client.set(hb.key, "left here by hand")
+    else:
+        client.hset(hb.key, "a", "b")
+    waits = []
+    assert hb.claim(threading.Event(), on_wait=lambda *a: waits.append(a)) == Claim(True, {})
+    assert waits == [] and _ours(client, hb.key) and client.ttl(hb.key) > 0
 
 
 def test_a_stop_while_waiting_leaves_the_key_alone(client, key_prefix):
     hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
     client.set(hb.key, _other(1), ex=30)
     stop = threading.Event()
-    assert hb.claim(stop, on_wait=lambda *a: stop.set()) is None
+    claim = hb.claim(stop, on_wait=lambda *a: stop.set())
+    assert not claim.took and claim.previous["pid"] == 4242
     assert json.loads(client.get(hb.key))["pid"] == 4242

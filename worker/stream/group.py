@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import redis
 
+from worker.stream.scripts import error_code
 from worker.stream.sink import GroupLost
 from worker.stream.source import StreamSource
 
@@ -25,7 +26,7 @@ def is_nogroup(e: BaseException) -> bool:
     """NOGROUP from any command: the group, or the whole stream, is gone."""
     if isinstance(e, GroupLost):
         return True
-    return isinstance(e, redis.ResponseError) and str(e).startswith("NOGROUP")
+    return isinstance(e, redis.ResponseError) and error_code(e) == "NOGROUP"
 
 
 class GroupGuard:

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import redis
 
@@ -95,6 +96,18 @@ class NameInUse(Exception):
         self.holder = holder
 
 
+DEFAULT_TTL_S = 30  # settings.heartbeat_ttl_s's default: assumed for a heartbeat that does not say its TTL
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What ``Heartbeat.claim`` did: ``took`` the name (False: a stop came first), from ``previous`` (its holder's
+    heartbeat, {} for a key that was none; None: the name was free)."""
+
+    took: bool
+    previous: dict | None
+
+
 class Heartbeat:
     def __init__(self, client: redis.Redis, key_prefix: str, consumer: str, ttl_s: int, info: dict | None = None):
         self.client = client
@@ -117,37 +130,46 @@ class Heartbeat:
 
     def claim(
         self, stop: threading.Event, on_wait: Callable[[dict, float], None] | None = None, poll_s: float = 0.1
-    ) -> dict | None:
+    ) -> Claim:
         """Take the consumer name for this process before anything is read, as rq refuses a worker name that is
         alive. Two processes under one name re-read each other's pending entries (duplicates; delivery counts that
-        reach TRIAGE_MAX_DELIVERIES), so a name whose heartbeat another process keeps refreshing raises
-        ``NameInUse``. A key left by a dead holder (kill -9) is waited out (``on_wait(holder, at_most_s)`` once),
-        as the healthcheck calls a worker dead when its key expires; one left by this very host and pid (a
-        container's PID 1 restarted) is taken at once, and so is a key that neither expires nor changes within
-        the TTL (no worker's heartbeat). Returns the holder taken over (None: the name was free, or ``stop``)."""
+        reach TRIAGE_MAX_DELIVERIES), so a name whose heartbeat another process refreshes raises ``NameInUse``.
+
+        A holder that does not beat again is dead (kill -9): its key is waited out (``on_wait(holder, at_most_s)``
+        once), as the healthcheck calls a worker dead when its key expires. How long a live holder can go between
+        beats: a third of its TTL, which the key says (``ttl_s``; else the default TTL is assumed). A key that
+        names no pid is no worker's heartbeat and is overwritten at once, as the keeper did before. One of this
+        very host and pid (a container's PID 1 restarted, or a twin container sharing the host's name) is watched
+        only until its next beat was due, by this host's own clock: a restart need not wait for the key to expire.
+        Returns what it did (``Claim``); ``took`` is False only when ``stop`` came first."""
         seen: dict | None = None
         give_up = 0.0
         while not stop.is_set():
             if self.client.set(self.key, self._value({"phase": "starting"}), ex=self.ttl_s, nx=True):
-                return seen
+                return Claim(True, seen)
             holder = self._holder()
             if holder is None:
                 continue  # expired between the two calls
-            if (holder.get("host"), holder.get("pid")) == (self.info["host"], self.info["pid"]):
+            if not holder.get("pid"):  # no worker's heartbeat (each names its host and pid): overwritten, as before
                 self.beat(phase="starting")
-                return holder
+                return Claim(True, holder)
             if seen is None:
-                at_most_s = max(self.ttl_s, _number(holder.get("ttl_s"))) + 1.0  # a live holder beats 3x within
-                seen, give_up = holder, time.monotonic() + at_most_s
-                if on_wait is not None:
+                seen = holder
+                holder_ttl_s = _number(holder.get("ttl_s")) or DEFAULT_TTL_S
+                at_most_s = max(self.ttl_s, holder_ttl_s) + 1.0  # a live holder beats 3 times within
+                if (holder.get("host"), holder.get("pid")) == (self.info["host"], self.info["pid"]):
+                    due_ms = _number(holder.get("beat_at_ms")) + (holder_ttl_s / 3.0 + 1.0) * 1000.0
+                    at_most_s = min(at_most_s, max(due_ms - now_ms(), 0.0) / 1000.0)
+                give_up = time.monotonic() + at_most_s
+                if on_wait is not None and at_most_s > 0:
                     on_wait(holder, at_most_s)
             elif holder != seen:
                 raise NameInUse(holder)
-            elif time.monotonic() > give_up:
+            if time.monotonic() >= give_up:
                 self.beat(phase="starting")
-                return holder
+                return Claim(True, holder)
             stop.wait(poll_s)
-        return None
+        return Claim(False, seen)
 
     def _holder(self) -> dict | None:
         """The heartbeat under this name (None: no key; {} for a value that is not one)."""

@@ -15,6 +15,7 @@ Called with EVALSHA, falling back to EVAL when the server does not know the scri
 from __future__ import annotations
 
 import hashlib
+import re
 
 import redis
 
@@ -266,6 +267,17 @@ class Script:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
             return client.eval(self.source, len(keys), *keys, *args)
+
+
+# Redis 6.2 wraps an error raised by a command inside a script; 7.0+ and Valkey pass it on as it is.
+_WRAPPED = re.compile(r"Error running script \(call to [^)]*\): @[\w-]+:\d+: ([A-Z]+)\b")
+
+
+def error_code(e: BaseException) -> str:
+    """The error code (NOGROUP, WRONGTYPE, ...) of a Redis error, a script's included, on any server version."""
+    msg = str(e)
+    m = _WRAPPED.match(msg)
+    return m.group(1) if m else msg.split(" ", 1)[0]
 
 
 settle_script = Script(SETTLE)

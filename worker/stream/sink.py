@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import redis
 
 from worker.stream.messages import as_text
-from worker.stream.scripts import settle_script
+from worker.stream.scripts import error_code, settle_script
 from worker.stream.source import id_order, recovery_key
 
 # one encoder for every record: json.dumps with any non-default option builds a new JSONEncoder per call
@@ -144,9 +144,9 @@ class ResultSink:
         try:
             reply = settle_script(self.client, keys, args)
         except redis.ResponseError as e:
-            if str(e).startswith("NOGROUP"):
+            if error_code(e) == "NOGROUP":
                 raise GroupLost(str(e)) from e
-            if str(e).startswith("WRONGTYPE"):
+            if error_code(e) == "WRONGTYPE":
                 raise PartialWriteError(str(e)) from e
             raise
         error = as_text(reply[2])

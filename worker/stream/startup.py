@@ -86,11 +86,11 @@ def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
             holder_host=holder.get("host"),
             holder_pid=holder.get("pid"),
             holder_beat_at_ms=holder.get("beat_at_ms"),
-            note=f"waiting up to {at_most_s:g} s: a live holder refreshes its heartbeat, a dead one's expires",
+            note=f"waiting up to {at_most_s:.1f} s: a live holder refreshes its heartbeat, a dead one's expires",
         )
 
     try:
-        taken = heartbeat.claim(shutdown.stop, on_wait=waiting)
+        claim = heartbeat.claim(shutdown.stop, on_wait=waiting)
     except NameInUse as e:
         log.error(
             "consumer_in_use",
@@ -104,8 +104,14 @@ def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
     except Exception as e:  # noqa: BLE001 - a guard, not a dependency: Redis trouble shows on the first read
         log.warning("consumer_name_unchecked", error=f"{type(e).__name__}: {e}")
         return True
-    if taken:
-        log.info("consumer_name_taken_over", previous_host=taken.get("host"), previous_pid=taken.get("pid"))
+    if claim.took and shutdown.stop.is_set():  # a signal right after the take: the caller exits, the name is free
+        _quietly(heartbeat.clear)
+    elif claim.took and claim.previous is not None:
+        log.info(
+            "consumer_name_taken_over",
+            previous_host=claim.previous.get("host"),
+            previous_pid=claim.previous.get("pid"),
+        )
     return True
 
 
