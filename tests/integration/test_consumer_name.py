@@ -2,7 +2,8 @@
 
 Two processes under one TRIAGE_CONSUMER re-read each other's pending entries (duplicates, delivery counts pushed
 towards TRIAGE_MAX_DELIVERIES), so the second is refused while the first keeps beating; a dead holder's key is
-waited out, never blocking a restart for longer than the heartbeat's TTL."""
+waited out, never blocking a restart for longer than the heartbeat's TTL. Every beat is a compare-and-set: a process
+frozen past its TTL whose name was taken over meanwhile writes nothing, is told, and leaves the other's key at exit."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import time
 import pytest
 import redis
 
-from worker.stream.health import Claim, Heartbeat, NameInUse
+from worker.logs import get_logger
+from worker.stream.health import Claim, Heartbeat, Keeper, NameInUse, Status
+from worker.stream.scripts import heartbeat_script
 
 
 @pytest.fixture
@@ -120,3 +123,74 @@ def test_a_stop_while_waiting_leaves_the_key_alone(client, key_prefix):
     claim = hb.claim(stop, on_wait=lambda *a: stop.set())
     assert not claim.took and claim.previous["pid"] == 4242
     assert json.loads(client.get(hb.key))["pid"] == 4242
+
+
+def _taken_over(client, key_prefix) -> tuple[Heartbeat, Heartbeat]:
+    """(frozen, newcomer): the first claimed the name, froze past its TTL (its key expired), the second took it."""
+    frozen = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
+    assert frozen.claim(threading.Event()).took
+    client.delete(frozen.key)  # what the TTL does to a frozen holder's key
+    newcomer = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
+    assert newcomer.claim(threading.Event()) == Claim(True, None)
+    return frozen, newcomer
+
+
+def test_a_beat_after_the_name_was_taken_over_writes_nothing_and_names_the_holder(client, key_prefix):
+    frozen, newcomer = _taken_over(client, key_prefix)
+    holder = frozen.beat(phase="idle")
+    assert holder is not None and holder["instance"] == newcomer.instance
+    assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
+    assert newcomer.beat(phase="idle") is None  # the newcomer's own beats go on
+
+
+def test_a_beat_writes_its_key_again_after_it_vanished(client, key_prefix):
+    """Redis restarted empty, or a freeze nobody used: the name is still free, so the beat takes it again."""
+    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
+    assert hb.claim(threading.Event()).took
+    client.delete(hb.key)
+    assert hb.beat(phase="idle") is None
+    assert json.loads(client.get(hb.key))["instance"] == hb.instance and 0 < client.ttl(hb.key) <= 30
+
+
+def test_clear_at_exit_leaves_a_name_taken_over_to_its_new_holder(client, key_prefix):
+    frozen, newcomer = _taken_over(client, key_prefix)
+    assert frozen.clear() is False
+    assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
+    assert newcomer.clear() is True and client.get(newcomer.key) is None
+
+
+def test_a_takeover_replaces_only_the_beat_it_waited_out(client, key_prefix):
+    """A holder that beat once more just before the takeover is alive: its new beat is not replaced."""
+    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
+    waited_out, latest = _other(1), _other(2)
+    client.set(hb.key, latest, ex=30)
+    state, value = heartbeat_script(client, [hb.key], [hb.instance, hb._value({}), 30, waited_out])
+    assert (state, value) == (b"held", latest.encode()) and client.get(hb.key) == latest.encode()
+    state, value = heartbeat_script(client, [hb.key], [hb.instance, hb._value({}), 30, latest])
+    assert (state, value) == (b"written", latest.encode()) and _ours(client, hb.key)
+
+
+def test_the_keeper_stops_beating_once_another_process_holds_the_name(client, key_prefix):
+    """One call of ``on_lost`` with the holder; the holder's key is never overwritten by later beats."""
+    frozen = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=1)  # a beat every 1/3 s
+    assert frozen.claim(threading.Event()).took
+    lost = []
+    told = threading.Event()
+    keeper = Keeper(
+        frozen,
+        Status(),
+        refresh=None,
+        refresh_interval_s=1.0,
+        log=get_logger("test"),
+        on_lost=lambda h: (lost.append(h), told.set()),
+    )
+    keeper.start()
+    try:
+        newcomer = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
+        client.set(newcomer.key, newcomer._value({"phase": "idle"}), ex=30)  # took it while the other was frozen
+        assert told.wait(10), "the keeper never noticed"
+        time.sleep(1.0)  # three more beat intervals
+    finally:
+        keeper.stop()
+    assert len(lost) == 1 and lost[0]["instance"] == newcomer.instance and keeper.lost == lost[0]
+    assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance

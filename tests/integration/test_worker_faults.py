@@ -8,6 +8,7 @@ poison-entry test runs in test_worker_e2e.py against the worker there."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -229,3 +230,41 @@ def test_results_key_of_another_type_stops_the_worker_before_anything_is_written
     assert pending == set(ids), "nothing may be acked without its result"
     for i in range(3):
         assert r.get(triage_env["TRIAGE_RESULT_KEY_PREFIX"] + f"wrongtype-{i}") is None
+
+
+def test_a_worker_frozen_past_its_ttl_whose_name_was_taken_over_exits_2_and_leaves_the_name(triage_env, redis_url):
+    """SIGSTOP past the heartbeat TTL (a stalled VM, a debugger): its key expires and a new process starts under the
+    fixed TRIAGE_CONSUMER. On waking, the first must not take the name back (two processes under one name re-read
+    each other's pending entries): its next beat finds the other's heartbeat, it stops (exit 2,
+    consumer_name_lost) and leaves the key and the group's consumer to the other. Every ticket gets one result."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    name = f"fixed-{uuid.uuid4().hex[:6]}"
+    env = env_with(triage_env, TRIAGE_CONSUMER=name, TRIAGE_HEARTBEAT_TTL_S=2)
+    key = env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + name
+    ids = push(r, env, 8, "before")
+    with start_worker(env) as first:
+        wait_settled(r, env, ids)
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 30
+            while r.exists(key) and time.monotonic() < deadline:  # its TTL runs out while it is frozen
+                time.sleep(0.1)
+            assert not r.exists(key)
+            with start_worker(env) as second:
+                ids += push(r, env, 8, "during")
+                os.kill(first.pid, signal.SIGCONT)
+                assert first.wait(60) == 2, first.stderr_tail()
+                lost = first.events("consumer_name_lost")
+                assert lost and lost[0]["holder_pid"] == second.pid, first.stderr_tail()
+                assert first.events("worker_stopped")[-1]["reason"] == "consumer name lost"
+                assert json.loads(r.get(key))["pid"] == second.pid  # neither overwritten nor deleted at exit
+                consumers = [c["name"] for c in r.xinfo_consumers(env["TRIAGE_INPUT_STREAM"], GROUP)]
+                assert name in consumers  # not deleted at exit: it is the other's now
+                ids += push(r, env, 8, "after")
+                settled = wait_settled(r, env, ids)  # also fails on any id written twice
+                assert all(kind == "result" for kind, _ in settled.values())
+                assert second.returncode is None and not second.events("consumer_name_lost")
+                assert second.stop() == 0, second.stderr_tail()
+        finally:
+            if first.returncode is None:
+                os.kill(first.pid, signal.SIGCONT)

@@ -15,10 +15,13 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import redis
+
+from worker.stream.scripts import heartbeat_script, release_script
 
 PHASES = ("starting", "reading", "inferring", "writing", "idle", "stopping")
 
@@ -109,21 +112,39 @@ class Claim:
 
 
 class Heartbeat:
+    """This process's heartbeat key, written only while the consumer name is its own.
+
+    Each process beats with its own ``instance`` id, and every write is a compare-and-set (``scripts.HEARTBEAT``):
+    a process frozen past its TTL whose name was taken over meanwhile finds the other's heartbeat on its next beat,
+    writes nothing and is told (``beat`` returns that heartbeat), and ``clear`` at exit leaves the other's key."""
+
     def __init__(self, client: redis.Redis, key_prefix: str, consumer: str, ttl_s: int, info: dict | None = None):
         self.client = client
         self.key = key_prefix + consumer
         self.ttl_s = ttl_s
+        self.instance = uuid.uuid4().hex[:16]
         self.info = {
             "consumer": consumer,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "instance": self.instance,
             "ttl_s": ttl_s,
             **(info or {}),
         }
         self.started_at_ms = now_ms()
 
-    def beat(self, **status) -> None:
-        self.client.set(self.key, self._value(status), ex=self.ttl_s)
+    def beat(self, **status) -> dict | None:
+        """Refresh the key; None when written, else the heartbeat of the process that holds the name now (the key
+        is left to it). A key that expired (a Redis restarted empty, a freeze) is written again."""
+        written, value = self._write(status)
+        return None if written else _parse(value)
+
+    def _write(self, status: dict, replaces: bytes | str = "") -> tuple[bool, bytes | str | None]:
+        """(written, the value replaced or the holder's value); see ``scripts.HEARTBEAT``."""
+        state, value = heartbeat_script(
+            self.client, [self.key], [self.instance, self._value(status), self.ttl_s, replaces]
+        )
+        return state in (b"written", "written"), value
 
     def _value(self, status: dict) -> str:
         return json.dumps({**self.info, "started_at_ms": self.started_at_ms, "beat_at_ms": now_ms(), **status})
@@ -136,25 +157,24 @@ class Heartbeat:
         reach TRIAGE_MAX_DELIVERIES), so a name whose heartbeat another process refreshes raises ``NameInUse``.
 
         A holder that does not beat again is dead (kill -9): its key is waited out (``on_wait(holder, at_most_s)``
-        once), as the healthcheck calls a worker dead when its key expires. How long a live holder can go between
-        beats: a third of its TTL, which the key says (``ttl_s``; else the default TTL is assumed). A key that
-        names no pid is no worker's heartbeat and is overwritten at once, as the keeper did before. One of this
-        very host and pid (a container's PID 1 restarted, or a twin container sharing the host's name) is watched
-        only until its next beat was due, by this host's own clock: a restart need not wait for the key to expire.
+        once), as the healthcheck calls a worker dead when its key expires, then replaced only if it still holds
+        the beat first seen. How long a live holder can go between beats: a third of its TTL, which the key says
+        (``ttl_s``; else the default TTL is assumed). A key that names no pid is no worker's heartbeat and is
+        overwritten at once, as the keeper did before. One of this very host and pid (a container's PID 1
+        restarted, or a twin container sharing the host's name) is watched only until its next beat was due, by
+        this host's own clock: a restart need not wait for the key to expire.
         Returns what it did (``Claim``); ``took`` is False only when ``stop`` came first."""
         seen: dict | None = None
+        seen_raw: bytes | str = ""
         give_up = 0.0
         while not stop.is_set():
-            if self.client.set(self.key, self._value({"phase": "starting"}), ex=self.ttl_s, nx=True):
-                return Claim(True, seen)
-            holder = self._holder()
-            if holder is None:
-                continue  # expired between the two calls
-            if not holder.get("pid"):  # no worker's heartbeat (each names its host and pid): overwritten, as before
-                self.beat(phase="starting")
-                return Claim(True, holder)
+            due = seen is not None and time.monotonic() >= give_up
+            written, value = self._write({"phase": "starting"}, replaces=seen_raw if due else "")
+            if written:  # free, no heartbeat, or the dead holder's last beat
+                return Claim(True, _parse(value) if value is not None else seen)
+            holder = _parse(value)
             if seen is None:
-                seen = holder
+                seen, seen_raw = holder, value
                 holder_ttl_s = _number(holder.get("ttl_s")) or DEFAULT_TTL_S
                 at_most_s = max(self.ttl_s, holder_ttl_s) + 1.0  # a live holder beats 3 times within
                 if (holder.get("host"), holder.get("pid")) == (self.info["host"], self.info["pid"]):
@@ -163,30 +183,25 @@ class Heartbeat:
                 give_up = time.monotonic() + at_most_s
                 if on_wait is not None and at_most_s > 0:
                     on_wait(holder, at_most_s)
-            elif holder != seen:
+            elif value != seen_raw:  # it beat again: alive
                 raise NameInUse(holder)
-            if time.monotonic() >= give_up:
-                self.beat(phase="starting")
-                return Claim(True, holder)
-            stop.wait(poll_s)
+            if time.monotonic() < give_up:
+                stop.wait(poll_s)
         return Claim(False, seen)
 
-    def _holder(self) -> dict | None:
-        """The heartbeat under this name (None: no key; {} for a value that is not one)."""
-        try:
-            raw = self.client.get(self.key)
-        except redis.ResponseError:  # another type of key under this name: no heartbeat
-            return {}
-        if raw is None:
-            return None
-        try:
-            holder = json.loads(raw)
-        except ValueError:
-            return {}
-        return holder if isinstance(holder, dict) else {}
+    def clear(self) -> bool:
+        """Delete the key at exit, unless another process has taken the name over; True if it was deleted (the
+        name was still this process's)."""
+        return bool(release_script(self.client, [self.key], [self.instance]))
 
-    def clear(self) -> None:
-        self.client.delete(self.key)
+
+def _parse(value: bytes | str | None) -> dict:
+    """A heartbeat's JSON as a dict ({} for a value that is none: not JSON, not an object, another type)."""
+    try:
+        holder = json.loads(value) if value else {}
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 class Keeper(threading.Thread):
@@ -195,7 +210,10 @@ class Keeper(threading.Thread):
     * the heartbeat key, every third of its TTL (two missed beats still leave it alive);
     * the idle time of the entries it holds (``refresh``, every third of TRIAGE_CLAIM_IDLE_MS), so
       a prefetched window waiting for its turn, or a pass longer than the claim idle time, is not
-      reclaimed by another worker. A frozen or dead process stops both, which is the point."""
+      reclaimed by another worker. A frozen or dead process stops both, which is the point.
+
+    A beat that finds another process's heartbeat under the name (this one was frozen past its TTL and the name
+    was taken over) calls ``on_lost(holder)`` once and beats no more; ``lost`` keeps that holder."""
 
     def __init__(
         self,
@@ -205,6 +223,7 @@ class Keeper(threading.Thread):
         refresh: Callable[[], object] | None,
         refresh_interval_s: float,
         log,
+        on_lost: Callable[[dict], None] | None = None,
     ):
         super().__init__(name="triage-keeper", daemon=True)
         self.heartbeat = heartbeat
@@ -213,6 +232,8 @@ class Keeper(threading.Thread):
         self.beat_interval_s = heartbeat.ttl_s / 3.0
         self.refresh_interval_s = max(refresh_interval_s, 0.05)
         self.log = log
+        self.on_lost = on_lost
+        self.lost: dict | None = None
         self._stop_evt = threading.Event()
 
     def run(self) -> None:
@@ -221,10 +242,7 @@ class Keeper(threading.Thread):
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + self.beat_interval_s
-                try:
-                    self.heartbeat.beat(**self.status.snapshot())
-                except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
-                    self.log.debug("heartbeat_failed", error=str(e))
+                self._beat()
             if self.refresh is not None and now >= next_refresh:
                 next_refresh = now + self.refresh_interval_s
                 try:
@@ -234,6 +252,17 @@ class Keeper(threading.Thread):
             wake = min(next_beat, next_refresh if self.refresh is not None else next_beat)
             if self._stop_evt.wait(max(wake - time.monotonic(), 0.0)):
                 return
+
+    def _beat(self) -> None:
+        if self.lost is not None:  # the name is another process's now: never overwrite its key
+            return
+        try:
+            self.lost = self.heartbeat.beat(**self.status.snapshot())
+        except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
+            self.log.debug("heartbeat_failed", error=str(e))
+            return
+        if self.lost is not None and self.on_lost is not None:
+            self.on_lost(self.lost)
 
     def stop(self) -> None:
         self._stop_evt.set()

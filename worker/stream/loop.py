@@ -165,7 +165,7 @@ class _Loop:
                 code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
                 break
             if item == END:
-                why = self.shutdown.reason or "stopped"
+                code, why = self.shutdown.exit_code, self.shutdown.reason or "stopped"
                 break
             elif item == DRAINED:
                 why = "drained"
@@ -380,10 +380,11 @@ class _Loop:
         self.keeper.stop()
         self.reader.join(timeout=READER_JOIN_S)  # gone already unless the writer failed: it may be mid-read
         try:
-            self.heartbeat.clear()
+            released = self.heartbeat.clear()
             # unique per process: do not leave a trail of dead names in XINFO. Never while the reader may still
             # read: an entry it takes after the count would leave the pending list with the consumer, unacked.
-            if not self.reader.is_alive() and self.source.own_pending_count() == 0:
+            # Nor when the name was not this process's any more (taken over): the other's entries go with it.
+            if released and not self.reader.is_alive() and self.source.own_pending_count() == 0:
                 self.source.delete_consumer()
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))

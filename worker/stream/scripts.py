@@ -252,6 +252,46 @@ return out
 """
 
 
+HEARTBEAT = r"""
+-- Write a heartbeat only where the consumer name is still this process's own. A keeper frozen past its TTL (SIGSTOP,
+-- a long Redis outage) must not overwrite the beat of the process that took the name over meanwhile, and a claim
+-- takes over a dead holder's key only if it still holds the value it saw (a holder that beat at the last moment is
+-- alive). KEYS[1] heartbeat key; ARGV[1] this process's instance id, ARGV[2] the value, ARGV[3] TTL s, ARGV[4] the
+-- one value it may replace ('' = none). The key is written when missing, this instance's, exactly ARGV[4], or no
+-- worker's heartbeat (another type, not JSON, no pid). Returns {'written', the value replaced ('' for another type)
+-- or false when the key was missing or its own} or {'held', the other process's heartbeat} (nothing written).
+local key, me = KEYS[1], ARGV[1]
+local kind = redis.call('TYPE', key)['ok']
+local replaced = false
+if kind == 'string' then
+  local cur = redis.call('GET', key)
+  local ok, v = pcall(cjson.decode, cur)
+  local pid = ok and type(v) == 'table' and v['pid']
+  local worker = (type(pid) == 'number' and pid ~= 0) or (type(pid) == 'string' and pid ~= '')
+  if worker and v['instance'] == me then
+    replaced = false
+  elseif worker and cur ~= ARGV[4] then
+    return {'held', cur}
+  else
+    replaced = cur
+  end
+elseif kind ~= 'none' then
+  replaced = ''
+end
+redis.call('SET', key, ARGV[2], 'EX', ARGV[3])
+return {'written', replaced}
+"""
+
+RELEASE = r"""
+-- Delete a heartbeat at exit only if it is still this process's (ARGV[1] its instance id): a process that took the
+-- name over keeps its key. KEYS[1] heartbeat key. Returns 1 if deleted, else 0.
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then return 0 end
+local ok, v = pcall(cjson.decode, redis.call('GET', KEYS[1]))
+if ok and type(v) == 'table' and v['instance'] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class Script:
     """A Lua script run with EVALSHA (EVAL once the server has forgotten it, e.g. after a restart).
 
@@ -283,3 +323,5 @@ def error_code(e: BaseException) -> str:
 settle_script = Script(SETTLE)
 refresh_script = Script(REFRESH)
 read_own_script = Script(READ_OWN)
+heartbeat_script = Script(HEARTBEAT)
+release_script = Script(RELEASE)

@@ -22,14 +22,16 @@ class Shutdown:
         self.stop = threading.Event()
         self.signals = 0
         self.reason: str | None = None
+        self.exit_code = 0  # what a stop requested from code exits with (a signal's warm stop: 0)
 
     def install(self) -> None:
         for sig in SIGNALS:
             signal.signal(sig, self._handle)
 
-    def request(self, reason: str) -> None:
-        """Warm stop from code (e.g. --drain finished)."""
-        self.reason = self.reason or reason
+    def request(self, reason: str, exit_code: int = 0) -> None:
+        """Warm stop from code (e.g. --drain finished; the consumer name lost: exit 2)."""
+        if self.reason is None:
+            self.reason, self.exit_code = reason, exit_code
         self.stop.set()
 
     def _handle(self, signum: int, _frame) -> None:

@@ -65,7 +65,14 @@ def start(settings, *, drain: bool) -> Started | int:
     if shutdown.stop.is_set():  # a signal while a dead holder's key was waited out
         log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
         return EXIT_OK
-    keeper = Keeper(heartbeat, status, refresh=None, refresh_interval_s=settings.claim_idle_ms / 3000.0, log=log)
+    keeper = Keeper(
+        heartbeat,
+        status,
+        refresh=None,
+        refresh_interval_s=settings.claim_idle_ms / 3000.0,
+        log=log,
+        on_lost=lambda holder: _name_lost(holder, shutdown, log),
+    )
     keeper.start()  # phase "starting" while the model loads
     try:
         clf = _load_model(settings, log)
@@ -113,6 +120,22 @@ def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
             previous_pid=claim.previous.get("pid"),
         )
     return True
+
+
+def _name_lost(holder: dict, shutdown: Shutdown, log) -> None:
+    """Keeper thread: this process was frozen past its heartbeat's TTL and another took the name over. Two
+    processes under one name re-read each other's pending entries, so this one stops (exit 2) as a signal's warm
+    stop does: it reads nothing more and finishes what it holds (a result the other wrote first is not written
+    twice: the settle script writes only for entries still pending)."""
+    log.error(
+        "consumer_name_lost",
+        holder_host=holder.get("host"),
+        holder_pid=holder.get("pid"),
+        holder_phase=holder.get("phase"),
+        action="stopping (exit 2): another process took this TRIAGE_CONSUMER over while this one was frozen "
+        "past its heartbeat TTL; finishing what it holds, reading nothing more",
+    )
+    shutdown.request("consumer name lost", exit_code=EXIT_CONFIG)
 
 
 def _load_model(settings, log):
