@@ -184,6 +184,23 @@ def stream_key_problems(url: str, settings) -> list[Problem]:
     return out
 
 
+def consumer_holder(url: str, settings) -> dict | None:
+    """The live heartbeat under ``settings.consumer``, if a worker holds that name (None: free, or unreadable)."""
+    import redis
+
+    from worker.stream.health import fresh_heartbeats
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        return next(
+            (beat for _, beat in fresh_heartbeats(client, settings.heartbeat_key_prefix, settings.consumer)), None
+        )
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
 def task_problems(settings) -> list[Problem]:
     from worker.assemble import task_from_settings
     from worker.engine.task import TaskError

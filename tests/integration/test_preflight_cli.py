@@ -72,6 +72,26 @@ def test_check_command(triage_env, tmp_path):
     )
 
 
+def test_check_says_whether_a_fixed_consumer_name_is_held_by_a_live_worker(triage_env, redis_url):
+    """Not a problem (exit 0): the holder may be this deployment's own worker; ``run`` refuses a second one."""
+    import redis
+
+    held = env_with(triage_env, TRIAGE_CONSUMER="held-name")
+    client = redis.Redis.from_url(redis_url)
+    beat = {"consumer": "held-name", "host": "box-1", "pid": 4242, "phase": "idle", "beat_at_ms": 1}
+    client.set(triage_env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + "held-name", json.dumps(beat), ex=60)
+    runs = {
+        "held": (held, ["worker", "check"]),
+        "free": (env_with(triage_env, TRIAGE_CONSUMER="free-name"), ["worker", "check"]),
+        "default": (triage_env, ["worker", "check"]),
+    }
+    held, free, default = run_clis(runs).values()
+    assert held.returncode == free.returncode == default.returncode == 0, held.stderr + free.stderr
+    assert "consumer: held-name in use by a live worker (host box-1, pid 4242, phase idle)" in held.stdout
+    assert "consumer: free-name free" in free.stdout
+    assert "consumer:" not in default.stdout  # <hostname>-<pid>: the check's own, of no use to anyone
+
+
 # ----------------------------------------------------------------- TRIAGE_ENCODER
 def _encoder_errors(env) -> tuple[int, list[str], str]:
     return _check_errors(run_cli(env, "check", "--no-redis"))

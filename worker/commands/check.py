@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
                 problems += keys
                 if not keys:
                     ok.append(f"redis: {mask_secrets(settings.redis_url)} reachable; stream keys ok")
+                if "TRIAGE_CONSUMER" in os.environ:  # the default name (<hostname>-<pid>) is this process's own
+                    ok.append(_consumer_line(settings, preflight.consumer_holder(settings.redis_url, settings)))
         if args.model and not problems:
             ok.append(_load_model(settings, problems))
     for line in ok:
@@ -57,6 +59,16 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print(f"triage-worker check: {len(problems)} problem(s)", file=sys.stderr)
     return preflight.EXIT_CONFIG if problems else 0
+
+
+def _consumer_line(settings, holder: dict | None) -> str:
+    """Not a problem: the holder may be this deployment's own worker; a second one under the name is refused."""
+    if holder is None:
+        return f"consumer: {settings.consumer} free (no live heartbeat under it)"
+    return (
+        f"consumer: {settings.consumer} in use by a live worker (host {holder.get('host')}, pid {holder.get('pid')}, "
+        f"phase {holder.get('phase')}); another `triage-worker run` under this name exits 2 (consumer_in_use)"
+    )
 
 
 def _task_line(settings) -> str:
