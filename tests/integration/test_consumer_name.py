@@ -148,12 +148,14 @@ def test_a_beat_writes_its_key_again_after_it_vanished(client, key_prefix):
     hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
     assert hb.claim(threading.Event()).took
     client.delete(hb.key)
+    assert hb.still_ours()  # nobody else holds the name: its exit may still delete the group's consumer
     assert hb.beat(phase="idle") is None
     assert json.loads(client.get(hb.key))["instance"] == hb.instance and 0 < client.ttl(hb.key) <= 30
 
 
 def test_clear_at_exit_leaves_a_name_taken_over_to_its_new_holder(client, key_prefix):
     frozen, newcomer = _taken_over(client, key_prefix)
+    assert not frozen.still_ours() and newcomer.still_ours()  # the exit deletes the group's consumer only if so
     assert frozen.clear() is False
     assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
     assert newcomer.clear() is True and client.get(newcomer.key) is None

@@ -189,6 +189,11 @@ class Heartbeat:
                 stop.wait(poll_s)
         return Claim(False, seen)
 
+    def still_ours(self) -> bool:
+        """The key is this process's, or gone (expired, a Redis restarted empty): no other process holds the name."""
+        raw = self.client.get(self.key)
+        return raw is None or _parse(raw).get("instance") == self.instance
+
     def clear(self) -> bool:
         """Delete the key at exit, unless another process has taken the name over; True if it was deleted (the
         name was still this process's)."""

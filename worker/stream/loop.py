@@ -174,6 +174,8 @@ class _Loop:
                 code, why = EXIT_FAILED, f"reader crashed: {type(item).__name__}: {item}"
                 break
             self._maybe_summary()
+        if code == EXIT_OK and self.shutdown.exit_code:  # e.g. drained as the name was found lost: exit 2 wins
+            code, why = self.shutdown.exit_code, self.shutdown.reason or why
         self.shutdown.stop.set()  # the loop is done: the reader stops; the phase says "stopping" until the exit
         if self.writer.failed is None:
             self.status.set_phase("stopping")
@@ -380,12 +382,13 @@ class _Loop:
         self.keeper.stop()
         self.reader.join(timeout=READER_JOIN_S)  # gone already unless the writer failed: it may be mid-read
         try:
-            released = self.heartbeat.clear()
             # unique per process: do not leave a trail of dead names in XINFO. Never while the reader may still
             # read: an entry it takes after the count would leave the pending list with the consumer, unacked.
-            # Nor when the name was not this process's any more (taken over): the other's entries go with it.
-            if released and not self.reader.is_alive() and self.source.own_pending_count() == 0:
+            # Nor once the name is another process's (taken over): its entries would go with it. Before the
+            # heartbeat is cleared: while the key is this process's, no newcomer takes the name meanwhile.
+            if self.heartbeat.still_ours() and not self.reader.is_alive() and self.source.own_pending_count() == 0:
                 self.source.delete_consumer()
+            self.heartbeat.clear()
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))
         totals = self.status.snapshot()

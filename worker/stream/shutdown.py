@@ -29,8 +29,9 @@ class Shutdown:
             signal.signal(sig, self._handle)
 
     def request(self, reason: str, exit_code: int = 0) -> None:
-        """Warm stop from code (e.g. --drain finished; the consumer name lost: exit 2)."""
-        if self.reason is None:
+        """Warm stop from code (e.g. --drain finished; the consumer name lost: exit 2). The first reason stays,
+        unless a later one exits with a higher code (a SIGTERM delivered on SIGCONT, then the name found lost)."""
+        if self.reason is None or exit_code > self.exit_code:
             self.reason, self.exit_code = reason, exit_code
         self.stop.set()
 

@@ -132,8 +132,9 @@ def _name_lost(holder: dict, shutdown: Shutdown, log) -> None:
         holder_host=holder.get("host"),
         holder_pid=holder.get("pid"),
         holder_phase=holder.get("phase"),
-        action="stopping (exit 2): another process took this TRIAGE_CONSUMER over while this one was frozen "
-        "past its heartbeat TTL; finishing what it holds, reading nothing more",
+        action="stopping (exit 2): another process holds this TRIAGE_CONSUMER's heartbeat (it took the name "
+        "while this one's key was gone: frozen past its TTL, a Redis outage or restart); finishing what it holds, "
+        "reading nothing more",
     )
     shutdown.request("consumer name lost", exit_code=EXIT_CONFIG)
 
