@@ -40,6 +40,15 @@ class GroupGuard:
     def on_recovered(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
 
+    def in_epoch(self, epoch: int, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` only if no recovery happened since ``epoch`` (False: skipped), with no recovery in between:
+        a read cursor kept after a read must not overwrite the reset a recovery just made to it."""
+        with self._lock:
+            if epoch != self.epoch:
+                return False
+            fn()
+            return True
+
     def recover(self, seen_epoch: int, *, op: str, error: BaseException) -> None:
         """React to NOGROUP met by an operation that started in ``seen_epoch``.
 

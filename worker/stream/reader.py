@@ -197,17 +197,16 @@ class Reader(threading.Thread):
                 got, cursor = self.source.read_own_pending(
                     self._pending_cursor, self.cap_items, held=self.in_flight.snapshot(self._epoch)
                 )
-                if self.guard.epoch == self._epoch:  # else the group was recreated meanwhile: its reset to "0" stands
-                    self._pending_cursor = cursor
+                # not if the group was recreated meanwhile: its reset to "0" stands
+                self.guard.in_epoch(self._epoch, lambda: setattr(self, "_pending_cursor", cursor))
                 fresh = self._take(got)
                 if fresh:
                     return "pending", fresh
             if time.monotonic() >= self._next_claim_s:
-                got, cursor, deleted = self.source.autoclaim(self._claim_cursor, self.cap_items, self.claim_idle_ms)
-                if self.guard.epoch == self._epoch:  # as above
-                    self._claim_cursor = cursor
-                    if cursor == "0-0":
-                        self._next_claim_s = time.monotonic() + self._claim_interval_s
+                got, claim_cursor, deleted = self.source.autoclaim(
+                    self._claim_cursor, self.cap_items, self.claim_idle_ms
+                )
+                self.guard.in_epoch(self._epoch, lambda: self._keep_claim_cursor(claim_cursor))  # as above
                 if deleted:
                     self.log.warning(
                         "claimed_entries_deleted",
@@ -229,6 +228,11 @@ class Reader(threading.Thread):
             return "new", self._drain_new()
         finally:
             self._read_ms = (time.perf_counter() - t0) * 1000
+
+    def _keep_claim_cursor(self, cursor: str) -> None:
+        self._claim_cursor = cursor
+        if cursor == "0-0":  # a full sweep done: the next one after the claim interval
+            self._next_claim_s = time.monotonic() + self._claim_interval_s
 
     def _take(self, entries: list[RawEntry]) -> list[RawEntry]:
         fresh = self.in_flight.fresh(entries, self._epoch)
