@@ -32,11 +32,15 @@ class TcpProxy:
         self._listen()
         return self
 
-    def drop_at(self, command: bytes, *, after: bool) -> None:
-        """One shot: when a client sends ``command`` (e.g. b"EXEC"), reset that client's connection,
-        forwarding the command to Redis first if ``after`` (so it runs but the reply is lost)."""
+    def drop_at(self, command: bytes, *, after: bool, first_arg: bytes | None = None) -> None:
+        """One shot: when a client sends ``command`` (e.g. b"EXEC"; with ``first_arg``, only that call of it, e.g.
+        one script's EVALSHA), reset that client's connection, forwarding the command to Redis first if ``after``
+        (so it runs but the reply is lost)."""
         self.triggered.clear()
-        self._trigger = (b"$%d\r\n%s\r\n" % (len(command), command.upper()), after)
+        pattern = b"$%d\r\n%s\r\n" % (len(command), command.upper())
+        if first_arg is not None:
+            pattern += b"$%d\r\n%s\r\n" % (len(first_arg), first_arg.upper())  # matched case-blind
+        self._trigger = (pattern, after)
 
     def cut(self) -> None:
         """Reset every connection and refuse new ones until ``restore()``."""

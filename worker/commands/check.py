@@ -61,13 +61,23 @@ def run(args: argparse.Namespace) -> int:
     return preflight.EXIT_CONFIG if problems else 0
 
 
-def _consumer_line(settings, holder: dict | None) -> str:
+def _consumer_line(settings, holder: dict | str | None) -> str:
     """Not a problem: the holder may be this deployment's own worker; a second one under the name is refused."""
+    name = settings.consumer
     if holder is None:
-        return f"consumer: {settings.consumer} free (no live heartbeat under it)"
+        return f"consumer: {name} free (no worker's heartbeat under it)"
+    if isinstance(holder, str):
+        return f"consumer: {name} not checked (its heartbeat key could not be read: {holder})"
+    from worker.stream.health import now_ms
+
+    beat_at_ms = holder.get("beat_at_ms")
+    age = (
+        f"{(now_ms() - beat_at_ms) / 1000:.0f} s ago" if isinstance(beat_at_ms, (int, float)) else "at an unknown time"
+    )
     return (
-        f"consumer: {settings.consumer} in use by a live worker (host {holder.get('host')}, pid {holder.get('pid')}, "
-        f"phase {holder.get('phase')}); another `triage-worker run` under this name exits 2 (consumer_in_use)"
+        f"consumer: {name} held by a worker (host {holder.get('host')}, pid {holder.get('pid')}, phase "
+        f"{holder.get('phase')}, last beat {age}): while it beats, another `triage-worker run` under this name "
+        "exits 2 (consumer_in_use); a dead one's key is waited out"
     )
 
 

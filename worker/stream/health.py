@@ -137,7 +137,7 @@ class Heartbeat:
         """Refresh the key; None when written, else the heartbeat of the process that holds the name now (the key
         is left to it). A key that expired (a Redis restarted empty, a freeze) is written again."""
         written, value = self._write(status)
-        return None if written else _parse(value)
+        return None if written else parse_heartbeat(value)
 
     def _write(self, status: dict, replaces: bytes | str = "") -> tuple[bool, bytes | str | None]:
         """(written, the value replaced or the holder's value); see ``scripts.HEARTBEAT``."""
@@ -171,8 +171,8 @@ class Heartbeat:
             due = seen is not None and time.monotonic() >= give_up
             written, value = self._write({"phase": "starting"}, replaces=seen_raw if due else "")
             if written:  # free, no heartbeat, or the dead holder's last beat
-                return Claim(True, _parse(value) if value is not None else seen)
-            holder = _parse(value)
+                return Claim(True, parse_heartbeat(value) if value is not None else seen)
+            holder = parse_heartbeat(value)
             if seen is None:
                 seen, seen_raw = holder, value
                 holder_ttl_s = _number(holder.get("ttl_s")) or DEFAULT_TTL_S
@@ -192,7 +192,7 @@ class Heartbeat:
     def still_ours(self) -> bool:
         """The key is this process's, or gone (expired, a Redis restarted empty): no other process holds the name."""
         raw = self.client.get(self.key)
-        return raw is None or _parse(raw).get("instance") == self.instance
+        return raw is None or parse_heartbeat(raw).get("instance") == self.instance
 
     def clear(self) -> bool:
         """Delete the key at exit, unless another process has taken the name over; True if it was deleted (the
@@ -200,13 +200,19 @@ class Heartbeat:
         return bool(release_script(self.client, [self.key], [self.instance]))
 
 
-def _parse(value: bytes | str | None) -> dict:
+def parse_heartbeat(value: bytes | str | None) -> dict:
     """A heartbeat's JSON as a dict ({} for a value that is none: not JSON, not an object, another type)."""
     try:
         holder = json.loads(value) if value else {}
     except ValueError:
         return {}
     return holder if isinstance(holder, dict) else {}
+
+
+def is_worker_heartbeat(beat: dict) -> bool:
+    """A worker wrote it (each names its pid): the rule of ``scripts.HEARTBEAT``, which overwrites anything else."""
+    pid = beat.get("pid")
+    return isinstance(pid, (int, float, str)) and not isinstance(pid, bool) and pid not in (0, "")
 
 
 class Keeper(threading.Thread):

@@ -165,7 +165,7 @@ class _Loop:
                 code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
                 break
             if item == END:
-                code, why = self.shutdown.exit_code, self.shutdown.reason or "stopped"
+                why = self.shutdown.reason or "stopped"
                 break
             elif item == DRAINED:
                 why = "drained"
@@ -174,16 +174,13 @@ class _Loop:
                 code, why = EXIT_FAILED, f"reader crashed: {type(item).__name__}: {item}"
                 break
             self._maybe_summary()
-        if code == EXIT_OK and self.shutdown.exit_code:  # e.g. drained as the name was found lost: exit 2 wins
-            code, why = self.shutdown.exit_code, self.shutdown.reason or why
         self.shutdown.stop.set()  # the loop is done: the reader stops; the phase says "stopping" until the exit
         if self.writer.failed is None:
             self.status.set_phase("stopping")
             self.writer.close()  # everything handed over is written and acked before the exit
             if self.writer.failed is not None:
                 code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
-        self._finish(why)
-        return code
+        return self._finish(code, why)
 
     def _writer_failed(self, e: BaseException) -> str:
         if isinstance(e, PartialWriteError):
@@ -376,19 +373,25 @@ class _Loop:
                 )
 
     # -------------------------------------------------------------- shutdown
-    def _finish(self, why: str) -> None:
+    def _finish(self, code: int, why: str) -> int:
         self.shutdown.stop.set()
         self._maybe_summary(force=True)
         self.keeper.stop()
+        # after the keeper's last beat: a name found lost up to then exits 2 (drained, stopped or not)
+        code, why = self.shutdown.outcome(code, why)
         self.reader.join(timeout=READER_JOIN_S)  # gone already unless the writer failed: it may be mid-read
         try:
             # unique per process: do not leave a trail of dead names in XINFO. Never while the reader may still
             # read: an entry it takes after the count would leave the pending list with the consumer, unacked.
             # Nor once the name is another process's (taken over): its entries would go with it. Before the
-            # heartbeat is cleared: while the key is this process's, no newcomer takes the name meanwhile.
+            # heartbeat is cleared: while the key is this process's, a newcomer waits (a key already gone: a
+            # newcomer would still load its model before its first read).
             if self.heartbeat.still_ours() and not self.reader.is_alive() and self.source.own_pending_count() == 0:
                 self.source.delete_consumer()
-            self.heartbeat.clear()
+        except Exception as e:  # noqa: BLE001
+            self.log.warning("cleanup_failed", error=str(e))
+        try:
+            self.heartbeat.clear()  # whatever failed above: a stopped worker must not look alive for a TTL
         except Exception as e:  # noqa: BLE001
             self.log.warning("cleanup_failed", error=str(e))
         totals = self.status.snapshot()
@@ -399,3 +402,4 @@ class _Loop:
             items=totals["items"],
             dead_lettered=totals["dead_lettered"],
         )
+        return code

@@ -22,18 +22,27 @@ class Shutdown:
         self.stop = threading.Event()
         self.signals = 0
         self.reason: str | None = None
-        self.exit_code = 0  # what a stop requested from code exits with (a signal's warm stop: 0)
+        self.failure: tuple[str, int] | None = None  # (reason, exit code) of a stop that must not exit 0
 
     def install(self) -> None:
         for sig in SIGNALS:
             signal.signal(sig, self._handle)
 
     def request(self, reason: str, exit_code: int = 0) -> None:
-        """Warm stop from code (e.g. --drain finished; the consumer name lost: exit 2). The first reason stays,
-        unless a later one exits with a higher code (a SIGTERM delivered on SIGCONT, then the name found lost)."""
-        if self.reason is None or exit_code > self.exit_code:
-            self.reason, self.exit_code = reason, exit_code
+        """Warm stop from code (e.g. --drain finished; the consumer name lost: exit 2). A non-zero stop wins over
+        any warm one, before or after it (a SIGTERM sent to a frozen worker is delivered on SIGCONT, as its keeper
+        finds the name lost); it has an attribute of its own, so a signal handler interrupting this never undoes it."""
+        if exit_code:
+            self.failure = (reason, exit_code)
+        elif self.reason is None:
+            self.reason = reason
         self.stop.set()
+
+    def outcome(self, code: int, why: str) -> tuple[int, str]:
+        """(exit code, reason) to stop with: a requested failure's, else the caller's."""
+        if self.failure is not None and code == 0:
+            return self.failure[1], self.failure[0]
+        return code, why
 
     def _handle(self, signum: int, _frame) -> None:
         self.signals += 1

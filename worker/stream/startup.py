@@ -125,7 +125,7 @@ def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
 def _name_lost(holder: dict, shutdown: Shutdown, log) -> None:
     """Keeper thread: this process was frozen past its heartbeat's TTL and another took the name over. Two
     processes under one name re-read each other's pending entries, so this one stops (exit 2) as a signal's warm
-    stop does: it reads nothing more and finishes what it holds (a result the other wrote first is not written
+    stop does: it stops reading and finishes what it holds (a result the other wrote first is not written
     twice: the settle script writes only for entries still pending)."""
     log.error(
         "consumer_name_lost",
@@ -134,7 +134,7 @@ def _name_lost(holder: dict, shutdown: Shutdown, log) -> None:
         holder_phase=holder.get("phase"),
         action="stopping (exit 2): another process holds this TRIAGE_CONSUMER's heartbeat (it took the name "
         "while this one's key was gone: frozen past its TTL, a Redis outage or restart); finishing what it holds, "
-        "reading nothing more",
+        "reading no more",
     )
     shutdown.request("consumer name lost", exit_code=EXIT_CONFIG)
 
