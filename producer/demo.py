@@ -23,9 +23,11 @@ import redis
 
 from producer.client import TriageClient
 from producer.local_redis import demo_redis
+from producer.results import as_str
 from producer.settings import ProducerSettings
 from producer.synth import generate_tickets
 from worker.engine.types import padding_pct, percentile
+from worker.keyspace import delete_under, keys_under
 
 BAD_TICKETS = [  # each is dead-lettered by the worker, with a reason
     {"id": "bad-empty-text", "text": ""},
@@ -191,10 +193,7 @@ def render(sm: dict, n_bad: int) -> str:
 
 
 def _cleanup(client: TriageClient, ns: str) -> int:
-    keys = list(client.redis.scan_iter(match=ns + "*", count=1000))
-    for i in range(0, len(keys), 500):
-        client.redis.delete(*keys[i : i + 500])
-    return len(keys)
+    return delete_under(client.redis, ns)
 
 
 def run_demo(
@@ -227,6 +226,13 @@ def run_demo(
             )
             client = TriageClient(settings)
             say(f"redis {mask_secrets(url)}, namespace {ns!r}")
+            taken = next(keys_under(client.redis, ns), None)
+            if taken is not None:  # the demo deletes everything under its namespace at the end
+                say(
+                    f"triage-producer demo: namespace {ns!r} already holds keys (e.g. {as_str(taken)!r}); the demo "
+                    "needs an empty one and deletes everything under it at the end: choose another --namespace"
+                )
+                return 2
             try:
                 return _run(client, settings, ns, n, seed, timeout_s, json_out, t0, say)
             finally:

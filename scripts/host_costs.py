@@ -50,6 +50,7 @@ def measure(settings, n: int, reps: int, redis_url: str) -> dict:
     from producer.synth import generate_tickets
     from worker.assemble import GPU_PASS_DEFAULTS, build_classifier
     from worker.engine.packed import Layout, stream_tensors
+    from worker.keyspace import delete_under
     from worker.stream.sink import ResultSink
     from worker.stream.source import StreamSource
     from worker.stream.window import build_window, pass_outcome
@@ -118,8 +119,7 @@ def measure(settings, n: int, reps: int, redis_url: str) -> dict:
             for k, (wall, cpu) in got.items():
                 best[k] = [min(best[k][0], wall), min(best[k][1], cpu)]
     finally:
-        for key in client.scan_iter(match=ns + "*", count=1000):
-            client.delete(key)
+        delete_under(client, ns)
     caps = {k: getattr(clf.options, k) for k in ("pass_max_items", "pass_max_tokens")}
     return {
         "namespace": ns,

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from producer.synth import generate_tickets  # noqa: E402
 from worker.bench.redis_mode import log_events, redis_worker_env  # noqa: E402
+from worker.keyspace import delete_under  # noqa: E402
 from worker.settings import Settings  # noqa: E402
 
 
@@ -57,8 +58,7 @@ def drain_with_two_workers(url: str, n: int, target_s: str) -> dict:
         name: [e for e in log_events(log) if e.get("event") == "window"]
         for name, log in zip(("worker-a", "worker-b"), logs)
     }
-    for key in r.scan_iter(match=ns + "*", count=1000):
-        r.delete(key)
+    delete_under(r, ns)
     return {
         "target_s": float(target_s),
         "wall_s": round(wall_s, 1),

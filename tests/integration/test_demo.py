@@ -40,3 +40,21 @@ def test_demo_runs_end_to_end_and_cleans_up(triage_env, key_prefix, redis_url, t
     client = redis.Redis.from_url(redis_url)
     assert not list(client.scan_iter(match=ns + "*"))  # its own keys are gone
     assert not client.exists(triage_env["TRIAGE_INPUT_STREAM"])  # and the configured streams were never touched
+
+
+def test_demo_refuses_a_namespace_that_already_holds_keys_and_leaves_them(triage_env, key_prefix, redis_url):
+    """It deletes everything under its namespace at the end, so a namespace in use (``--namespace triage``, the
+    production prefix) is refused before anything is written or deleted."""
+    client = redis.Redis.from_url(redis_url)
+    client.set(key_prefix + "live:results", "someone else's")
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer", "demo", "--n", "5", "--namespace", key_prefix],
+        env=triage_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "already holds keys" in proc.stderr and "--namespace" in proc.stderr
+    assert client.get(key_prefix + "live:results") == b"someone else's"
+    assert not list(client.scan_iter(match=key_prefix + "tickets*"))  # nothing enqueued

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from worker.keyspace import delete_under
+
 
 def run_redis(
     settings, texts: Sequence[str], dtype_name: str, refs: dict, timeout_s: float = 900.0, namespace: str | None = None
@@ -108,9 +110,7 @@ def run_redis(
             }
         return out
     finally:
-        keys = list(client.scan_iter(match=ns + "*", count=1000))
-        if keys:
-            client.delete(*keys)
+        delete_under(client, ns)
 
 
 def redis_namespace(settings, ns: str, dtype_name: str):

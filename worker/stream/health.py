@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
+from worker.keyspace import keys_under
 from worker.stream.scripts import heartbeat_script, release_script
 
 PHASES = ("starting", "reading", "inferring", "writing", "idle", "stopping")
@@ -286,7 +287,7 @@ def _number(value: object) -> float:
 
 def fresh_heartbeats(client: redis.Redis, key_prefix: str, consumer: str | None = None) -> Iterator[tuple[str, dict]]:
     """(consumer, heartbeat JSON) for each live heartbeat (one consumer's if given)."""
-    keys = [key_prefix + consumer] if consumer else client.scan_iter(match=_glob_escape(key_prefix) + "*", count=500)
+    keys = [key_prefix + consumer] if consumer else keys_under(client, key_prefix, count=500)
     for key in keys:
         raw = client.get(key)
         if raw is None:
@@ -297,7 +298,3 @@ def fresh_heartbeats(client: redis.Redis, key_prefix: str, consumer: str | None 
         except ValueError:
             value = {"raw": raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw}
         yield name, value
-
-
-def _glob_escape(s: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
