@@ -6,7 +6,7 @@ sent = client.submit_many(["I was charged twice", {"text": "App crashes", "id": 
 results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answering its own send
 """
 
-from producer.client import BacklogFull, Submitted, TriageClient, ticket_fields
+from producer.client import BacklogFull, InvalidTicket, Submitted, TriageClient, ticket_fields
 from producer.results import Result
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from producer.settings import ProducerSettings
@@ -14,6 +14,7 @@ from producer.synth import generate_tickets, iter_tickets
 
 __all__ = [
     "BacklogFull",
+    "InvalidTicket",
     "ProducerSettings",
     "Result",
     "Submitted",

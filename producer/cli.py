@@ -62,16 +62,29 @@ def cmd_send(args) -> int:
     except (OSError, TicketFileError) as e:
         print(f"triage-producer send: {e}", file=sys.stderr)
         return EXIT_USAGE
+    from producer.client import BacklogFull, InvalidTicket
+
     client = _client(args)
-    sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
-    if args.ids_out:
-        with open(args.ids_out, "w", encoding="utf-8") as f:
-            for s in sent:
-                f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
+    try:
+        sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
+    except InvalidTicket as e:  # the rows are checked before the first chunk goes: nothing was sent
+        print(f"triage-producer send: {args.file}: row {e.index + 1}: {e.reason}; nothing was sent", file=sys.stderr)
+        return EXIT_USAGE
+    except (BacklogFull, redis.RedisError) as e:  # what did go, to wait on or to resume after (reported by main)
+        _write_ids(args.ids_out, getattr(e, "submitted", []))
+        raise
+    _write_ids(args.ids_out, sent)
     print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
     if args.wait_s:
         return _report_wait(client, sent, args.wait_s, quiet=True)
     return EXIT_OK
+
+
+def _write_ids(path: str | None, sent: list) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            for s in sent:
+                f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
 
 
 def cmd_synth(args) -> int:
@@ -274,8 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         from worker.redact import mask_secrets
 
         url = mask_secrets(args.redis_url or os.environ.get("TRIAGE_REDIS_URL") or "redis://127.0.0.1:6379/0")
-        print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}", file=sys.stderr)
+        print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}{_partial(e)}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _partial(e: BaseException) -> str:
+    """What a send that Redis interrupted had sent (``TriageClient.submit_many``), if it was one."""
+    if not hasattr(e, "submitted"):
+        return ""
+    unsure = len(getattr(e, "unconfirmed", []))
+    return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
 
 
 if __name__ == "__main__":

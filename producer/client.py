@@ -20,8 +20,10 @@ import redis
 
 from producer.results import Result, as_str
 from producer.settings import ProducerSettings
+from worker.stream.messages import id_problem
 
 GET_CHUNK = 1000  # keys per pipelined MGET while waiting
+SOCKET_TIMEOUT_S = 15.0  # of the client built here: above any block it uses (as the worker's)
 
 
 @dataclass(frozen=True)
@@ -51,16 +53,43 @@ class BacklogFull(RuntimeError):
         )
 
 
+class InvalidTicket(ValueError, TypeError):
+    """A ticket the worker would dead-letter without an id to wait on, or that cannot be sent at all (``index``: its
+    position in the call). ``submitted``: what the call had sent before it (nothing when given a list: a list is
+    checked whole before the first chunk goes). A TypeError too: a text that is no str raised one before."""
+
+    def __init__(self, index: int, reason: str, submitted: list[Submitted] | None = None):
+        super().__init__(f"ticket {index}: {reason}")
+        self.index, self.reason = index, reason
+        self.submitted = submitted or []
+
+
 def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta: Any = None) -> dict[str, str]:
-    """The flat fields of one input entry (``meta``: a dict/list is JSON-encoded, a string is sent as is)."""
+    """The flat fields of one input entry (``meta``: a dict is JSON-encoded, a string is sent as is).
+
+    Raises ``TypeError`` / ``ValueError`` for what the worker would reject without an id (an id over 256 bytes,
+    blank, with control characters) or never accept (a ``meta`` that is no JSON object): better here than a dead
+    letter that ``wait`` cannot match."""
     if not isinstance(text, str):
         raise TypeError(f"ticket text must be a str, got {type(text).__name__}")
+    why = id_problem(ticket_id)
+    if why:
+        raise ValueError(f"ticket id {ticket_id!r:.80}: {why}")
     fields = {"text": text, "id": ticket_id}
     if subject is not None:
         fields["subject"] = str(subject)
     if meta is not None:
+        if not isinstance(meta, (str, dict)):
+            raise TypeError(f"meta must be a dict (sent as a JSON object) or a JSON string, got {type(meta).__name__}")
         fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False)
     return fields
+
+
+def _normalize_at(index: int, ticket: Any, sent: list[Submitted]) -> tuple[str, dict[str, str]]:
+    try:
+        return _normalize(ticket)
+    except (TypeError, ValueError) as e:
+        raise InvalidTicket(index, str(e), list(sent)) from None
 
 
 def _normalize(ticket: str | Mapping[str, Any]) -> tuple[str, dict[str, str]]:
@@ -83,7 +112,18 @@ class TriageClient:
 
     def __init__(self, settings: ProducerSettings | None = None, *, client: redis.Redis | None = None):
         self.settings = settings or ProducerSettings()
-        self.redis = client or redis.Redis.from_url(self.settings.redis_url, decode_responses=True)
+        self.redis = client or redis.Redis.from_url(
+            self.settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5
+        )
+
+    def _block_ms(self, want_ms: int) -> int:
+        """``want_ms`` for an XREAD BLOCK, kept under the socket timeout (redis-py 8 defaults to 5 s): a longer block
+        would end in a socket TimeoutError instead of an empty reply."""
+        kwargs = self.redis.connection_pool.connection_kwargs
+        timeout_s = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
+        if not timeout_s:
+            return max(1, want_ms)
+        return max(1, min(want_ms, int(timeout_s * 1000) - 500))
 
     # ----------------------------------------------------------------- submit
     def submit(self, text: str, *, id: str | None = None, subject: str | None = None, meta: Any = None) -> Submitted:
@@ -98,13 +138,20 @@ class TriageClient:
         Before each chunk the backlog is checked against ``input_max_backlog``
         (``block``: wait up to ``backpressure_timeout_s``; ``refuse``: raise
         ``BacklogFull`` at once). ``on_progress(n)`` is called after each chunk.
+
+        A list or tuple is checked whole first: a bad ticket raises ``InvalidTicket`` with nothing sent. Any other
+        iterable is checked as it is read. Whatever stops the call part-way (``InvalidTicket``, ``BacklogFull``, a
+        Redis error) carries ``submitted``, what was sent before it, so a caller can resume without duplicates; a
+        Redis error also carries ``unconfirmed``, the ticket ids of the chunk whose reply was lost (sent or not).
         """
         s = self.settings
         size = min(s.submit_chunk_size, s.input_max_backlog) if s.input_max_backlog else s.submit_chunk_size
         done: list[Submitted] = []
+        checked = (_normalize_at(k, t, done) for k, t in enumerate(tickets))
+        items = list(checked) if isinstance(tickets, (list, tuple)) else checked
         chunk: list[tuple[str, dict[str, str]]] = []
-        for t in tickets:
-            chunk.append(_normalize(t))
+        for item in items:
+            chunk.append(item)
             if len(chunk) >= size:
                 self._send_chunk(chunk, done, on_progress)
                 chunk = []
@@ -121,7 +168,11 @@ class TriageClient:
         pipe = self.redis.pipeline(transaction=False)
         for _, fields in chunk:
             pipe.xadd(self.settings.input_stream, fields)  # no MAXLEN: trimming would lose tickets
-        ids = pipe.execute()
+        try:
+            ids = pipe.execute()
+        except redis.RedisError as e:  # the caller's to handle; it learns what is known to be in the stream
+            e.submitted, e.unconfirmed = list(done), [tid for tid, _ in chunk]  # type: ignore[attr-defined]
+            raise
         done.extend(Submitted(tid, as_str(sid)) for (tid, _), sid in zip(chunk, ids))
         if on_progress:
             on_progress(len(chunk))
@@ -224,7 +275,7 @@ class TriageClient:
             left_s = deadline - time.monotonic()
             if len(got) == len(want) or left_s <= 0:
                 return got
-            block_ms = max(1, min(max_block_ms, int(left_s * 1000)))
+            block_ms = self._block_ms(min(max_block_ms, int(left_s * 1000)))
             if self.redis.xread(cursors, count=1, block=block_ms):
                 cursors = self._stream_tails()  # woke on a write: skip past everything written so far
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
@@ -270,7 +321,7 @@ class TriageClient:
         if cursor == "$":
             cursor = self._stream_tails()[self.settings.results_stream]
         while not (stop and stop()):
-            reply = self.redis.xread({self.settings.results_stream: cursor}, count=500, block=block_ms)
+            reply = self.redis.xread({self.settings.results_stream: cursor}, count=500, block=self._block_ms(block_ms))
             for _stream, rows in reply or []:
                 for sid, fields in rows:
                     cursor = as_str(sid)

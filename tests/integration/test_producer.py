@@ -17,7 +17,7 @@ import time
 import pytest
 import redis
 
-from producer import BacklogFull, ProducerSettings, Result, Submitted, TriageClient
+from producer import BacklogFull, InvalidTicket, ProducerSettings, Result, Submitted, TriageClient
 from producer.cli import main as cli_main
 from producer.local_redis import answers, demo_redis, local_redis_server
 from tests.worker_proc import start_worker
@@ -122,6 +122,38 @@ def test_bad_ticket_shapes_are_refused_before_sending(client, r, settings):
     with pytest.raises(ValueError):
         client.submit_many([{"subject": "no text"}])
     assert r.xlen(settings.input_stream) == 0
+
+
+@pytest.mark.parametrize(
+    ("ticket", "why"),
+    [
+        ({"text": "t", "id": "x" * 257}, "longer than 256 bytes"),
+        ({"text": "t", "id": "line\nbreak"}, "control characters"),
+        ({"text": "t", "id": "  "}, "id is empty"),
+        ({"text": "t", "meta": [1, 2]}, "meta must be a dict"),
+        ({"text": 42}, "must be a str"),
+    ],
+)
+def test_a_ticket_the_worker_would_reject_without_an_id_stops_a_list_before_anything_is_sent(
+    client, r, settings, ticket, why
+):
+    """Its dead letter would carry no id, so ``wait`` could only time out on it (and a list meta is never a JSON
+    object): the whole list is checked before the first chunk goes."""
+    with pytest.raises(InvalidTicket) as refused:
+        client.submit_many([{"text": "fine", "id": "T-1"}, "fine too", ticket])
+    assert refused.value.index == 2 and why in refused.value.reason and refused.value.submitted == []
+    assert not r.exists(settings.input_stream)
+
+
+def test_a_bad_ticket_in_a_generator_stops_the_call_and_says_what_was_sent(r, settings):
+    client = TriageClient(settings.model_copy(update={"submit_chunk_size": 2}))
+    tickets = ({"text": f"t{i}", "id": f"G-{i}" if i != 3 else ""} for i in range(5))  # "" becomes a uuid: fine
+    assert len(client.submit_many(tickets)) == 5
+    bad = ({"text": f"t{i}", "id": f"G-{i}" if i != 3 else "\x00"} for i in range(5))
+    with pytest.raises(InvalidTicket) as refused:
+        client.submit_many(bad)
+    assert refused.value.index == 3 and [s.ticket_id for s in refused.value.submitted] == ["G-0", "G-1"]
+    assert r.xlen(settings.input_stream) == 5 + 2  # the chunk that held the bad one was not sent
 
 
 # ------------------------------------------------------------ backpressure
@@ -325,13 +357,32 @@ def test_cli_results_and_wait(cli_env, r, capsys):
     assert "nope" in capsys.readouterr().err
 
 
-def test_cli_backlog_full_exit_code(cli_env, monkeypatch, tmp_path, capsys):
+def test_cli_backlog_full_exit_code_and_the_ids_of_what_was_sent(cli_env, monkeypatch, tmp_path, capsys):
+    """The --ids-out file lists what did go, so ``wait --from-file`` and a resumed send need no guessing."""
     monkeypatch.setenv("TRIAGE_INPUT_MAX_BACKLOG", "1")
     monkeypatch.setenv("TRIAGE_BACKPRESSURE", "refuse")
     f = tmp_path / "t.jsonl"
-    f.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
-    assert cli_main(["send", str(f)]) == 3
+    f.write_text('{"text": "a", "id": "A"}\n{"text": "b", "id": "B"}\n', encoding="utf-8")
+    ids = tmp_path / "ids.jsonl"
+    assert cli_main(["send", str(f), "--ids-out", str(ids)]) == 3
     assert "1 sent before that" in capsys.readouterr().err
+    assert [json.loads(x)["id"] for x in ids.read_text().splitlines()] == ["A"]
+
+
+def test_cli_send_refuses_a_file_with_a_ticket_the_worker_would_reject_and_sends_nothing(cli_env, r, tmp_path, capsys):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"text": "a", "id": "A"}\n{"text": 5}\n', encoding="utf-8")
+    assert cli_main(["send", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "row 2" in err and "must be a str" in err and "nothing was sent" in err
+    assert not r.exists(cli_env.input_stream)
+
+
+def test_a_wait_longer_than_the_clients_socket_timeout_ends_empty_not_in_a_socket_error(r, settings, redis_url):
+    """redis-py 8 gives a plain client a 5 s socket timeout: an XREAD BLOCK past it would raise TimeoutError."""
+    plain = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = TriageClient(settings.model_copy(update={"wait_poll_max_ms": 6000}), client=plain)
+    assert client.wait(["nobody"], timeout_s=6.0) == {}
 
 
 def test_console_script_runs_as_a_process(triage_env):

@@ -58,7 +58,7 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
         if isinstance(got, Rejected):
             return Rejected(sid, None, got.reason)
         ticket_id = got
-        why = _bad_id(ticket_id)
+        why = id_problem(ticket_id)
         if why:
             return Rejected(sid, None, why)
 
@@ -137,7 +137,9 @@ def _decode(v: Any, name: str) -> str | Rejected:
     return Rejected("", None, f"{name} must be a string, got {type(v).__name__}")
 
 
-def _bad_id(ticket_id: str) -> str | None:
+def id_problem(ticket_id: str) -> str | None:
+    """Why the worker dead-letters this ticket id (None: fine); the producer client refuses such ids before sending,
+    as their dead letters carry no id to wait on."""
     if not ticket_id.strip():
         return "id is empty; omit the 'id' field to use the stream entry id instead"
     if len(ticket_id.encode("utf-8")) > MAX_ID_BYTES:
