@@ -84,6 +84,47 @@ class FailingPassBatchWorker(BatchWorker):
         self.clf.classify_passes = classify_passes
 
 
+class FailingTokenizerBatchWorker(BatchWorker):
+    """The real batch worker whose tokenizer raises on any text holding ``BREAK-TOKENIZER``, as a real one does on
+    input no check foresaw; everything else goes through the real engine."""
+
+    def bootstrap(self, *args, **kwargs):
+        super().bootstrap(*args, **kwargs)
+        real = self.clf.prepare
+
+        def prepare(texts):
+            if any("BREAK-TOKENIZER" in t for t in texts):
+                raise TypeError("TextEncodeInput must be Union[TextInputSequence, ...]")
+            return real(texts)
+
+        self.clf.prepare = prepare
+
+
+class WatchedOutcomeBatchWorker(FailingPassBatchWorker):
+    """The failing-pass worker that notes, as it records each job's outcome, whether the batch heartbeat still beats
+    (``<queue>:heartbeat-while-recording``, one "1"/"0" per succeed / fail call): finished jobs' webhooks can take
+    10 s each, and the failed jobs' executions must not expire meanwhile."""
+
+    def bootstrap(self, *args, **kwargs):
+        import threading
+
+        from worker.rqbatch import outcome
+
+        super().bootstrap(*args, **kwargs)
+        key = self.queue_names()[0] + ":heartbeat-while-recording"
+
+        def watched(fn):
+            def call(*a, **k):
+                beating = any(t.name == "rq-batch-heartbeat" and t.is_alive() for t in threading.enumerate())
+                self.connection.rpush(key, "1" if beating else "0")
+                self.connection.expire(key, 600)
+                return fn(*a, **k)
+
+            return call
+
+        outcome.succeed, outcome.fail = watched(outcome.succeed), watched(outcome.fail)
+
+
 class TouchOnUnpickle:
     """Pickles to a call that creates a file: proof that the worker never unpickles a payload."""
 
@@ -185,7 +226,8 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     bad_callback = q.enqueue("worker.rq_jobs.classify", {"text": "hi"}, on_success=Callback("os.getcwd"))
     pickled_proof = tmp_path / "unpickled"
     pickled = Queue(q.name, connection=h.conn).enqueue("worker.rq_jobs.classify", TouchOnUnpickle(pickled_proof))
-    bad = [no_text, wrong_type, empty, other_func, bad_callback, pickled]
+    half_emoji = enqueue_ticket(q, "hello \ud83d world")  # JSON carries the lone surrogate; no tokenizer takes it
+    bad = [no_text, wrong_type, empty, other_func, bad_callback, pickled, half_emoji]
     h.jobs += good + bad
 
     _run_to_exit(h, TRIAGE_RQ_ALLOWED_CALLBACKS="tests.integration.test_rq.record_failure")
@@ -208,6 +250,7 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
         other_func.id: "only runs worker.rq_jobs.classify; refused to run 'os.remove'",
         bad_callback.id: "callback(s) not allowed: on_success=os.getcwd",
         pickled.id: "job payload is not JSON",
+        half_emoji.id: "not valid Unicode (a lone surrogate at position 6",
     }
     for job_id, reason in reasons.items():
         job = Job.fetch(job_id, connection=h.conn, serializer=JSONSerializer)
@@ -248,6 +291,34 @@ def test_a_failing_pass_fails_only_the_job_that_breaks_it(rq_setup):
     batches = _log_events(h, "rq_batch")
     assert sum(b["finished"] for b in batches) == 12 and sum(b["failed"] for b in batches) == 1
     assert sum(b["split_retries"] for b in batches) == 13  # the breaker's pass held all 13: each re-run alone
+
+
+def test_a_ticket_the_tokenizer_rejects_fails_only_its_own_job(rq_setup):
+    """The batch is tokenized in one call; when that raises, ticket by ticket, as a failed pass is re-run."""
+    h, q = rq_setup, rq_setup.queue
+    good = enqueue_tickets(q, TICKETS[:4])
+    breaker = enqueue_ticket(q, "BREAK-TOKENIZER please")
+    h.jobs += [*good, breaker]
+    _run_to_exit(h, worker_class="tests.integration.test_rq.FailingTokenizerBatchWorker")
+    _assert_labelled(h, good)
+    breaker = Job.fetch(breaker.id, connection=h.conn, serializer=JSONSerializer)
+    assert breaker.get_status() == JobStatus.FAILED and "TextEncodeInput" in breaker.latest_result().exc_string
+
+
+def test_the_batch_heartbeat_beats_until_every_job_of_the_batch_is_recorded(rq_setup):
+    """Finished jobs' webhooks are sent before the failed jobs are recorded; a heartbeat that stopped before them
+    let those executions expire, and any worker's registry cleanup then failed the jobs a second time (callbacks
+    and retries run twice)."""
+    h, q = rq_setup, rq_setup.queue
+    good = enqueue_tickets(q, TICKETS[:3])
+    breaker = enqueue_ticket(q, "My order never arrived and nobody answers. " * 40)
+    h.jobs += [*good, breaker]
+    _run_to_exit(h, worker_class="tests.integration.test_rq.WatchedOutcomeBatchWorker")
+    _assert_labelled(h, good)
+    assert Job.fetch(breaker.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
+    seen = h.conn.lrange(q.name + ":heartbeat-while-recording", 0, -1)
+    h.conn.delete(q.name + ":heartbeat-while-recording")
+    assert seen and set(seen) == {b"1"}, seen
 
 
 def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
@@ -406,6 +477,34 @@ def test_started_batch_is_visible_to_rq_and_kept_alive_by_heartbeats(rq_setup):
     BatchHeartbeat(w, entries).beat()
     assert all(h.conn.ttl(e.execution.key) > 5 for e in entries)  # job_monitoring_interval + 60
     w.register_death()
+
+
+def test_with_several_queues_every_job_taken_waits_in_its_queues_intermediate_list_until_started(rq_setup):
+    """RQ pops without an intermediate list when it serves several queues: a worker killed during the fill wait
+    (TRIAGE_MAX_WAIT_MS) would lose the jobs it held, in no queue or registry. Kept in the intermediate list,
+    RQ's maintenance finds them; the start takes them out."""
+    from worker.rqbatch import intake, outcome
+    from worker.rqbatch.jobs import Entry
+
+    h, q = rq_setup, rq_setup.queue
+    q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)
+    h.jobs += enqueue_tickets(q2, TICKETS[:4])
+    w = BatchWorker([q.name, q2.name], connection=h.conn, name=h.worker_name, job_monitoring_interval=1)
+    w.register_birth()
+    try:
+        first = Job.fetch(h.conn.lpop(q2.key).decode(), connection=h.conn, serializer=JSONSerializer)  # as RQ does
+        intake.hold(w, first, q2)
+        batch = [(first, q2), *intake.drain(w, limit=2)]  # takes 2 more, leaves 1 queued
+        held = {j.id for j, _ in batch}
+        assert len(held) == 3 and q2.count == 1
+        assert set(x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)) == held
+        outcome.start(w, [Entry(job=j, queue=jq) for j, jq in batch], ttl=5)
+        assert h.conn.llen(q2.intermediate_queue_key) == 0
+        assert set(q2.started_job_registry.get_job_ids()) == held
+    finally:
+        w.register_death()
+        q2.delete(delete_jobs=True)
+        h.conn.delete(q2.intermediate_queue_key)
 
 
 def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup, tmp_path):

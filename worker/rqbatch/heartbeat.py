@@ -55,6 +55,6 @@ class BatchHeartbeat:
         with self.worker.connection.pipeline() as pipe:
             self.worker.heartbeat(self.ttl_s, pipeline=pipe)
             for e in self.entries:
-                if e.execution is not None:
+                if e.execution is not None and not e.recorded:
                     e.execution.heartbeat(e.job.started_job_registry, self.ttl_s, pipeline=pipe)
             pipe.execute()

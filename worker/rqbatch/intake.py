@@ -2,10 +2,15 @@
 
 Why not RQ's ``Queue.dequeue_any`` in a loop: that is two round trips per job.
 Here one pipeline moves up to N job ids (the same LMOVE into the queue's
-intermediate list RQ itself uses, or LPOP with several queues) and one more
-fetches all their hashes. Waiting for a batch to fill polls briefly instead of
-blocking in Redis, so a warm-shutdown request stops the intake at once and no
-blocked pop can take a job after it.
+intermediate list RQ itself uses) and one more fetches all their hashes.
+
+Every job the worker holds before it is STARTED sits in its queue's intermediate list, with one queue or several
+(RQ itself pops without one when it serves several queues, and marks the job started at once; a batch holds
+its jobs for the fill wait first): a worker killed meanwhile leaves them where RQ's maintenance finds them and
+fails them (or re-queues them, with retries) instead of losing them.
+
+Waiting for a batch to fill polls briefly instead of blocking in Redis, so a warm-shutdown request stops the intake
+at once and no blocked pop can take a job after it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,14 @@ log = logging.getLogger("triage.rq")
 
 
 def uses_intermediate_queue(worker: BaseWorker) -> bool:
-    """RQ's own rule (Queue.dequeue_any): one queue on Redis >= 6.2 dequeues through an intermediate list."""
-    return len(worker.queues) == 1 and worker.get_redis_server_version() >= (6, 2, 0)
+    """Jobs go through their queue's intermediate list (LMOVE: Redis >= 6.2, as RQ's own rule needs)."""
+    return worker.get_redis_server_version() >= (6, 2, 0)
+
+
+def hold(worker: BaseWorker, job: Job, queue: Queue) -> None:
+    """The job RQ handed over, in its queue's intermediate list if RQ popped it without one (several queues)."""
+    if len(worker.queues) > 1 and uses_intermediate_queue(worker):
+        worker.connection.lpush(queue.intermediate_queue_key, job.id)
 
 
 def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:

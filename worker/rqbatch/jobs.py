@@ -42,6 +42,7 @@ class Entry:
     pred: Any = None  # engine Prediction, for the results stream
     error: ExcInfo | None = None
     callbacks_ok: bool = False  # only then may its success/failure callback run
+    recorded: bool = False  # finished or failed in RQ's registries: no more heartbeats for its execution
 
     def fail(self, exc: BaseException) -> None:
         self.error = (type(exc), exc, exc.__traceback__)

@@ -51,7 +51,7 @@ def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
             e.job.prepare_for_execution(worker.name, pipeline=pipe)
             pipe.persist(e.job.key)
             if drop_intermediate:
-                pipe.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
+                pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
         worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
         pipe.execute()
 
@@ -99,6 +99,8 @@ def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, resul
                     _mirror(worker, e, tx, results_stream, results_maxlen, model)
                 if plain:
                     tx.execute()
+                for e in plain:
+                    e.recorded = True
         except redis.WatchError:
             slow += plain
             plain = []
@@ -106,6 +108,7 @@ def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, resul
         worker.handle_job_success(
             job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution
         )
+        e.recorded = True
         with worker.connection.pipeline() as pipe:
             _mirror(worker, e, pipe, results_stream, results_maxlen, model)
             pipe.execute()
@@ -157,7 +160,7 @@ def fail_unstarted(worker: BaseWorker, entries: list[Entry]) -> None:
     if entries and uses_intermediate_queue(worker):  # else RQ's intermediate-queue cleanup would fail them again
         with worker.connection.pipeline() as pipe:
             for e in entries:
-                pipe.lrem(e.queue.intermediate_queue_key, 1, e.job.id)
+                pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
             pipe.execute()
 
 
@@ -167,6 +170,7 @@ def fail(worker: BaseWorker, e: Entry) -> None:
     assert exc_info is not None
     job._status = JobStatus.FAILED
     worker.handle_exception(job, *exc_info)
+    e.recorded = True  # from here RQ's own failure path records it (then sends its webhook, which may be slow)
     worker.handle_job_failure(
         job=job,
         queue=e.queue,

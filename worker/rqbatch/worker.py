@@ -121,6 +121,7 @@ class BatchWorker(BaseWorker):
         if self._jobs_left is not None:
             limit = max(1, min(limit, self._jobs_left))
         batch = [(job, queue)]
+        intake.hold(self, job, queue)
         self._set_phase("reading")
         intake.fill(self, batch, limit, self.settings.max_wait_ms / 1000)
         fill_ms = (time.perf_counter() - t0) * 1000
@@ -143,9 +144,12 @@ class BatchWorker(BaseWorker):
         outcome.fail_unstarted(self, [e for e in entries if e.error is not None])
         accepted = [e for e in entries if e.error is None]
         stats, split_retries = RunStats(), 0
+        ok: list[Entry] = []
         if accepted:
             outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
-            # until every callback has run (recording is quick); its beats show a stop requested mid-pass
+            # until every job is recorded: finished jobs' webhooks (up to 10 s each to an endpoint that does not
+            # answer) must not let the failed ones' executions expire, or any worker's registry cleanup would fail
+            # them a second time; its beats show a stop requested mid-pass
             with BatchHeartbeat(self, accepted, on_beat=self._show_stop):
                 self._set_phase("inferring")
                 stats, split_retries = self._classify(accepted)
@@ -154,12 +158,14 @@ class BatchWorker(BaseWorker):
                 for e in accepted:
                     e.job.ended_at = ended
                 outcome.run_callbacks(self, accepted)
-        ok = [e for e in accepted if e.error is None]
+                ok = [e for e in accepted if e.error is None]
+                outcome.succeed(
+                    self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name
+                )
+                for e in accepted:
+                    if e.error is not None:
+                        outcome.fail(self, e)
         failed = [e for e in entries if e.error is not None]
-        outcome.succeed(self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name)
-        for e in accepted:
-            if e.error is not None:
-                outcome.fail(self, e)
         self._count(ok, failed, stats, split_retries)
         self.tlog.info(
             "rq_batch",
@@ -184,15 +190,14 @@ class BatchWorker(BaseWorker):
         so one bad ticket fails only its own job. The batch's timeout fails every job still without a result.
         Returns the passes' stats and how many jobs were re-run alone."""
         from worker.engine.isolation import run_passes
-        from worker.engine.types import InvalidTicket
         from worker.rqbatch.payload import job_result
 
         valid = [e for e in entries if e.error is None]
         timeout_s = batch_timeout_s([e.job for e in valid], self.queue_class.DEFAULT_TIMEOUT)
         stats, split_retries = RunStats(), 0
         try:
-            for e, item in zip(valid, self.clf.prepare([e.text for e in valid])):
-                if isinstance(item, InvalidTicket):
+            for e, item in zip(valid, self._prepare([e.text for e in valid])):
+                if isinstance(item, Exception):  # InvalidTicket, or what tokenizing one ticket raised
                     e.fail(item)
                 else:
                     e.item = item
@@ -215,6 +220,20 @@ class BatchWorker(BaseWorker):
                 if e.error is None and e.result is None:
                     e.fail(exc)
         return stats, split_retries
+
+    def _prepare(self, texts: list[str]) -> list:
+        """The batch tokenized in one call; if that raises, ticket by ticket, so a text no check foresaw fails
+        only its own job (the exception in its place), as a pass that fails is re-run job by job."""
+        try:
+            return list(self.clf.prepare(texts))
+        except Exception:  # noqa: BLE001 - isolated below
+            out: list = []
+            for text in texts:
+                try:
+                    out.extend(self.clf.prepare([text]))
+                except Exception as e:  # noqa: BLE001 - this job's failure
+                    out.append(e)
+            return out
 
     def _count(self, ok: list[Entry], failed: list[Entry], stats: RunStats, split_retries: int) -> None:
         """The batch in the stream worker's ticket, token and CUDA graph metrics (a failed job counts as a dead
