@@ -289,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         url = mask_secrets(args.redis_url or os.environ.get("TRIAGE_REDIS_URL") or "redis://127.0.0.1:6379/0")
         print(f"triage-producer {args.command}: cannot reach Redis at {url}: {e}{_partial(e)}", file=sys.stderr)
         return EXIT_FAILED
+    except redis.RedisError as e:  # a timeout, OOM, a denied command: one line, not a traceback
+        from worker.redact import mask_secrets
+
+        why = mask_secrets(f"{type(e).__name__}: {e}")
+        print(f"triage-producer {args.command}: Redis error: {why}{_partial(e)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _partial(e: BaseException) -> str:

@@ -82,6 +82,14 @@ def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta
         if not isinstance(meta, (str, dict)):
             raise TypeError(f"meta must be a dict (sent as a JSON object) or a JSON string, got {type(meta).__name__}")
         fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False)
+    for name, value in fields.items():
+        try:  # redis-py would raise while packing the chunk, after earlier chunks went
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{name} contains characters that are not valid Unicode (a lone surrogate at position {e.start}, "
+                "e.g. half of an emoji)"
+            ) from None
     return fields
 
 
@@ -117,13 +125,14 @@ class TriageClient:
         )
 
     def _block_ms(self, want_ms: int) -> int:
-        """``want_ms`` for an XREAD BLOCK, kept under the socket timeout (redis-py 8 defaults to 5 s): a longer block
-        would end in a socket TimeoutError instead of an empty reply."""
+        """``want_ms`` for an XREAD BLOCK (0: as long as it may), kept under the socket timeout (redis-py 8 defaults
+        to 5 s): a longer block would end in a socket TimeoutError instead of an empty reply."""
         kwargs = self.redis.connection_pool.connection_kwargs
         timeout_s = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
         if not timeout_s:
-            return max(1, want_ms)
-        return max(1, min(want_ms, int(timeout_s * 1000) - 500))
+            return max(0, want_ms)
+        cap = max(1, int(timeout_s * 900))  # 90% of it
+        return cap if want_ms <= 0 else min(want_ms, cap)
 
     # ----------------------------------------------------------------- submit
     def submit(self, text: str, *, id: str | None = None, subject: str | None = None, meta: Any = None) -> Submitted:
@@ -162,8 +171,8 @@ class TriageClient:
     def _send_chunk(self, chunk, done: list[Submitted], on_progress) -> None:
         try:
             self.wait_for_room(len(chunk))
-        except BacklogFull as e:
-            e.submitted = list(done)
+        except (BacklogFull, redis.RedisError) as e:  # nothing of this chunk went
+            e.submitted, e.unconfirmed = list(done), []  # type: ignore[attr-defined]
             raise
         pipe = self.redis.pipeline(transaction=False)
         for _, fields in chunk:
@@ -275,7 +284,7 @@ class TriageClient:
             left_s = deadline - time.monotonic()
             if len(got) == len(want) or left_s <= 0:
                 return got
-            block_ms = self._block_ms(min(max_block_ms, int(left_s * 1000)))
+            block_ms = self._block_ms(max(1, min(max_block_ms, int(left_s * 1000))))
             if self.redis.xread(cursors, count=1, block=block_ms):
                 cursors = self._stream_tails()  # woke on a write: skip past everything written so far
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land

@@ -132,6 +132,8 @@ def test_bad_ticket_shapes_are_refused_before_sending(client, r, settings):
         ({"text": "t", "id": "  "}, "id is empty"),
         ({"text": "t", "meta": [1, 2]}, "meta must be a dict"),
         ({"text": 42}, "must be a str"),
+        ({"text": "half \ud83d emoji"}, "text contains characters that are not valid Unicode"),
+        ({"text": "t", "subject": "\udc80"}, "subject contains characters that are not valid Unicode"),
     ],
 )
 def test_a_ticket_the_worker_would_reject_without_an_id_stops_a_list_before_anything_is_sent(
@@ -143,6 +145,32 @@ def test_a_ticket_the_worker_would_reject_without_an_id_stops_a_list_before_anyt
         client.submit_many([{"text": "fine", "id": "T-1"}, "fine too", ticket])
     assert refused.value.index == 2 and why in refused.value.reason and refused.value.submitted == []
     assert not r.exists(settings.input_stream)
+
+
+def test_a_redis_error_part_way_through_a_send_says_what_was_sent(r, settings, monkeypatch):
+    """Redis lost between two chunks: the next backlog check raises, with what the call had sent."""
+    client = TriageClient(settings.model_copy(update={"submit_chunk_size": 2}))
+    checks = []
+
+    def backlog():
+        checks.append(1)
+        if len(checks) == 2:
+            raise redis.ConnectionError("Connection reset by peer")
+        return 0
+
+    monkeypatch.setattr(client, "backlog", backlog)
+    with pytest.raises(redis.ConnectionError) as lost:
+        client.submit_many([{"text": f"t{i}", "id": f"L-{i}"} for i in range(5)])
+    assert [s.ticket_id for s in lost.value.submitted] == ["L-0", "L-1"] and lost.value.unconfirmed == []
+    assert r.xlen(settings.input_stream) == 2
+
+
+def test_xread_blocks_stay_under_the_socket_timeout(settings, redis_url):
+    """0 asks for as long as it may (follow_results' "block forever"): under the timeout, not a 1 ms busy loop."""
+    own = TriageClient(settings)  # built here: a 15 s socket timeout
+    assert own._block_ms(0) == 13_500 and own._block_ms(500) == 500 and own._block_ms(60_000) == 13_500
+    tiny = TriageClient(settings, client=redis.Redis.from_url(redis_url, socket_timeout=0.4))
+    assert tiny._block_ms(0) == tiny._block_ms(5_000) == 360
 
 
 def test_a_bad_ticket_in_a_generator_stops_the_call_and_says_what_was_sent(r, settings):

@@ -489,20 +489,42 @@ def test_with_several_queues_every_job_taken_waits_in_its_queues_intermediate_li
     h, q = rq_setup, rq_setup.queue
     q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)
     h.jobs += enqueue_tickets(q2, TICKETS[:4])
+    unreadable = h.jobs[2]
+    h.conn.hset(unreadable.key, "created_at", "not a date")  # RQ cannot restore it: skipped, as RQ skips it
     w = BatchWorker([q.name, q2.name], connection=h.conn, name=h.worker_name, job_monitoring_interval=1)
     w.register_birth()
     try:
         first = Job.fetch(h.conn.lpop(q2.key).decode(), connection=h.conn, serializer=JSONSerializer)  # as RQ does
         intake.hold(w, first, q2)
-        batch = [(first, q2), *intake.drain(w, limit=2)]  # takes 2 more, leaves 1 queued
+        batch = [(first, q2), *intake.drain(w, limit=3)]  # takes 3 more, one unreadable; leaves none queued
         held = {j.id for j, _ in batch}
-        assert len(held) == 3 and q2.count == 1
+        assert len(held) == 3 and unreadable.id not in held and q2.count == 0
+        # and not the unreadable one: RQ's intermediate-queue cleanup would raise on it, every maintenance run
         assert set(x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)) == held
         outcome.start(w, [Entry(job=j, queue=jq) for j, jq in batch], ttl=5)
         assert h.conn.llen(q2.intermediate_queue_key) == 0
         assert set(q2.started_job_registry.get_job_ids()) == held
     finally:
         w.register_death()
+        q2.delete(delete_jobs=True)
+        h.conn.delete(q2.intermediate_queue_key)
+
+
+def test_a_batch_worker_killed_while_filling_from_several_queues_leaves_its_jobs_for_rqs_maintenance(rq_setup):
+    """The real worker, through execute_job: the job RQ popped (without an intermediate list, several queues) and
+    those the fill took all wait in the intermediate list while the batch fills; kill -9 then loses none."""
+    h, q = rq_setup, rq_setup.queue
+    q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)
+    h.jobs += enqueue_tickets(q2, TICKETS[:3])
+    want = {j.id for j in h.jobs}
+    listed = lambda: {x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)}  # noqa: E731
+    try:
+        with _running(h, q2.name, TRIAGE_MAX_WAIT_MS="120000") as proc:  # fills for up to two minutes
+            _wait_for(lambda: listed() == want, "the three jobs in the intermediate list")
+            proc.kill()
+            proc.wait(timeout=30)
+        assert listed() == want and q2.count == 0 and q2.started_job_registry.get_job_ids() == []
+    finally:
         q2.delete(delete_jobs=True)
         h.conn.delete(q2.intermediate_queue_key)
 

@@ -56,7 +56,15 @@ def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:
                 ids = [i for i in pipe.execute() if i is not None]
         else:
             ids = conn.lpop(queue.key, need) or []
-        out.extend((job, queue) for job in fetch_jobs(worker, [i.decode() if isinstance(i, bytes) else i for i in ids]))
+        ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
+        jobs = fetch_jobs(worker, ids)
+        skipped = set(ids) - {j.id for j in jobs}
+        if via_intermediate and skipped:  # RQ's intermediate-queue cleanup would raise on an unreadable one
+            with conn.pipeline(transaction=False) as pipe:
+                for job_id in skipped:
+                    pipe.lrem(queue.intermediate_queue_key, 0, job_id)
+                pipe.execute()
+        out.extend((job, queue) for job in jobs)
     return out
 
 
