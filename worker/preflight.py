@@ -126,9 +126,17 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
             if not _DB_PATH.match(parts.path or ""):
                 raise ValueError(f"the path must be a database number like /0, not {parts.path!r}")
     except ValueError as e:
+        userinfo = url.split("://", 1)[-1].rpartition("@")[0]
+        # redis-py's own message quotes pieces of what it misread: of the password, when it holds / # ?
+        why = (
+            "the password holds / # or ?, which end the host part of a URL: percent-encode it "
+            "(python3 -c 'import urllib.parse,sys; print(urllib.parse.quote(sys.argv[1], safe=\"\"))' PASSWORD)"
+            if any(c in userinfo for c in "/#?")
+            else mask_secrets(str(e))
+        )
         return Problem(
             var,
-            f"is not a usable Redis URL: {e} (got {mask_secrets(url)!r}; expected "
+            f"is not a usable Redis URL: {why} (got {mask_secrets(url)!r}; expected "
             "redis://host:port/db, rediss://host:port/db or unix:///path?db=0, a password as :PASSWORD@ "
             "before the host)",
         )

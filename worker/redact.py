@@ -18,8 +18,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 MASK = "***"
 _MIN_SECRET_CHARS = 3  # shorter literals would mask ordinary text
 
-# scheme://userinfo@ — greedy up to the LAST "@" of the authority (a password may hold an unencoded "@")
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s/?#'\"<>]*)@", re.I)
+# scheme://userinfo@ — greedy up to the LAST "@" of the token: a password may hold an unencoded "@", "/", "#" or
+# "?" (a generated one often does), which a URL parser reads as the path or query
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s'\"<>]*)@", re.I)
 # password=..., ?password=..., &token=..., password='...' (a repr): the value up to a separator
 _SECRET_PAIR = re.compile(
     r"(?P<key>(?<![a-z0-9_])(?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|auth)\s*=\s*)"
@@ -84,11 +85,14 @@ def url_secrets(url: str | None) -> list[str]:
     except ValueError:
         parts = None
     if parts is not None:
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo = netloc.rsplit("@", 1)[0]
-            out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
-            out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+        raw = url.strip().split("://", 1)[-1]
+        # the parser's user info, and the text up to the last "@": an unencoded / # ? in the password ends the
+        # parser's host part early, so its user info is a piece of the password or nothing
+        for where in {parts.netloc, raw}:
+            if "@" in where:
+                userinfo = where.rsplit("@", 1)[0]
+                out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
+                out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
         for k, v in parse_qsl(parts.query, keep_blank_values=False):
             if k.lower() in SECRET_QUERY_KEYS:
                 out.append(v)

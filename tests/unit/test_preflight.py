@@ -57,6 +57,13 @@ def test_malformed_redis_urls(url, words):
     assert p is not None and p.where == "TRIAGE_REDIS_URL" and words in str(p)
 
 
+def test_a_password_that_breaks_the_url_is_named_as_such_and_no_piece_of_it_is_shown():
+    """redis-py's own message quotes what it misread as the port: "Xk9", a piece of the password."""
+    p = preflight.redis_url_problem("redis://:Xk9/aB3+Zq7/pL2w@127.0.0.1:6379/0")
+    assert p is not None and "percent-encode" in str(p)
+    assert not any(piece in str(p) for piece in ("Xk9", "aB3", "Zq7", "pL2w")), str(p)
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -41,6 +41,16 @@ def test_unencoded_at_sign_in_password_is_masked_whole():
     assert redact.mask_url("redis://tok3n@host") == "redis://***@host"
 
 
+@pytest.mark.parametrize("pw", ["Xk9/aB3+Zq7/pL2w", "Ab#cd9Ef", "Qq?zz7Ww", "a@b/c#d?e"])
+def test_an_unencoded_slash_hash_or_question_mark_in_a_password_is_masked_whole(pw):
+    """A generated password (openssl rand -base64) often holds "/": a URL parser then reads the host part as ending
+    there, and neither the shape nor the registered value may miss it."""
+    url = f"redis://:{pw}@127.0.0.1:6379/0"
+    assert redact.mask_url(f"got '{url}'") == "got 'redis://:***@127.0.0.1:6379/0'"
+    redact.register_url_secrets(url)
+    assert pw not in redact.mask_secrets(f"AUTH {pw} failed")
+
+
 def test_ordinary_text_is_left_alone():
     text = "forward_passes=3 prefix_tokens_reused=10 url=redis://127.0.0.1:6379/0 bypass=1"
     assert redact.mask_secrets(text) == text
