@@ -191,3 +191,41 @@ def test_loading_a_local_model_keeps_the_hub_on_for_an_uncached_encoder(hub_on, 
     offline_at_load.clear()
     assemble.backbones(Settings(model=lm, encoder="org/tiny", device="cpu"))
     assert offline_at_load == {lm: "1", "org/tiny": "1"} and hub_on.HF_HUB_OFFLINE is True
+
+
+# ------------------------------------------------------------------ healthcheck and status on odd heartbeat keys
+def test_healthcheck_ready_and_keys_under_the_prefix_that_are_no_workers_heartbeat(triage_env, redis_url):
+    """--ready wants a worker past start-up (startup and readiness probes: a rollout must not count a pod whose model
+    is still loading). A key under the prefix that no worker wrote (a hash, JSON that is no object, a leftover
+    string without a TTL) is no heartbeat: it neither keeps a dead deployment healthy nor crashes or fails the
+    probes, and ``status`` lists no worker for it."""
+    import redis
+
+    from tests.worker_proc import run_clis
+
+    client = redis.Redis.from_url(redis_url)
+    prefix = triage_env["TRIAGE_HEARTBEAT_KEY_PREFIX"]
+    loading = {"consumer": "loading", "host": "pod-1", "pid": 7, "phase": "starting", "beat_at_ms": 1}
+    working = {"consumer": "working", "host": "pod-2", "pid": 8, "phase": "idle", "beat_at_ms": 1}
+    client.set(prefix + "loading", json.dumps(loading), ex=60)
+    client.set(prefix + "working", json.dumps(working), ex=60)
+    junk_env = env_with(triage_env, TRIAGE_HEARTBEAT_KEY_PREFIX=prefix + "junk:")
+    client.hset(prefix + "junk:hash", "a", "b")
+    client.set(prefix + "junk:null", "null", ex=60)
+    client.set(prefix + "junk:leftover", "hello")
+    runs = {
+        "loading": (triage_env, ["worker", "healthcheck", "--consumer", "loading"]),
+        "loading-ready": (triage_env, ["worker", "healthcheck", "--ready", "--consumer", "loading"]),
+        "working-ready": (triage_env, ["worker", "healthcheck", "--ready", "--consumer", "working"]),
+        "junk-any": (junk_env, ["worker", "healthcheck"]),
+        "junk-host": (junk_env, ["worker", "healthcheck", "--host", "pod-1"]),
+        "junk-status": (junk_env, ["worker", "status", "--json"]),
+    }
+    got = run_clis(runs)
+    assert [got[k].returncode for k in ("loading", "loading-ready", "working-ready")] == [0, 1, 0]
+    assert "past start-up" in got["loading-ready"].stderr
+    for k in ("junk-any", "junk-host"):
+        assert got[k].returncode == 1 and "Traceback" not in got[k].stderr, got[k].stderr
+        assert "no fresh heartbeat" in got[k].stderr
+    assert got["junk-status"].returncode == 0, got["junk-status"].stderr
+    assert not [w for w in json.loads(got["junk-status"].stdout)["workers"] if w.get("consumer", "").startswith("junk")]

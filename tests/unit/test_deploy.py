@@ -171,10 +171,13 @@ def test_schemas_catch_misspelt_fields(base):
 def test_probes_run_the_healthcheck_of_this_pod(base):
     c = _container(_one(base, "Deployment", "triage-worker"))
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe, ready in (("startupProbe", "--ready "), ("livenessProbe", ""), ("readinessProbe", "--ready ")):
         cmd = c[probe]["exec"]["command"]
         assert cmd[:2] == ["sh", "-c"], probe
-        assert re.fullmatch(r'exec triage-worker healthcheck --quiet --host "\$\(hostname\)"', cmd[2]), cmd
+        # one GET of this pod's heartbeat (--host would SCAN the whole keyspace, result keys included, per probe);
+        # startup and readiness wait for the model: a rollout stops an old pod only once the new one can work
+        want = rf'exec triage-worker healthcheck --quiet {ready}--consumer "\$\(hostname\)"'
+        assert re.fullmatch(want, cmd[2]), cmd
         assert c[probe]["timeoutSeconds"] >= 10  # one healthcheck: ~1.7 s wall, 0.6 CPU-s measured
     assert "triage-worker" in scripts
     assert re.search(r'exec triage-worker run --consumer "\$\(hostname\)"', c["command"][-1])

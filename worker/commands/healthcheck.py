@@ -1,4 +1,5 @@
-"""Exit 0 if a worker's heartbeat key is fresh (any worker, --consumer NAME, or --host HOST), else 1.
+"""Exit 0 if a worker's heartbeat key is fresh (any worker, --consumer NAME, or --host HOST), else 1; with
+--ready, only a worker past start-up (its model loaded) counts.
 
 Meant for container health checks: it only needs Redis (no model, no torch) and
 prints the live heartbeats as JSON lines on stdout.
@@ -19,6 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", help='only workers running on this host, e.g. --host "$(hostname)" in a container health check'
     )
+    p.add_argument(
+        "--ready",
+        action="store_true",
+        help="also require the worker past start-up (model loaded): for startup and readiness probes",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing, just set the exit code")
 
 
@@ -27,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from worker import preflight
     from worker.logs import mask_url
-    from worker.stream.health import fresh_heartbeats
+    from worker.stream.health import fresh_heartbeats, is_ready
 
     # unknown TRIAGE_ names are `run`'s and `check`'s business: a probe must not turn a worker unhealthy
     settings, problems = preflight.load_settings(unknown=False)
@@ -40,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         found = list(fresh_heartbeats(client, settings.heartbeat_key_prefix, args.consumer))
         if args.host:
             found = [(c, beat) for c, beat in found if beat.get("host") == args.host]
+        if args.ready:
+            found = [(c, beat) for c, beat in found if is_ready(beat)]
     except redis.RedisError as e:
         if not args.quiet:
             print(f"unhealthy: cannot reach Redis at {mask_url(settings.redis_url)}: {e}", file=sys.stderr)
@@ -50,5 +58,6 @@ def run(args: argparse.Namespace) -> int:
         if not found:
             who = f"consumer {args.consumer!r}" if args.consumer else "any worker"
             who += f" on host {args.host!r}" if args.host else ""
-            print(f"unhealthy: no fresh heartbeat for {who} under {settings.heartbeat_key_prefix!r}", file=sys.stderr)
+            what = "no fresh heartbeat past start-up" if args.ready else "no fresh heartbeat"
+            print(f"unhealthy: {what} for {who} under {settings.heartbeat_key_prefix!r}", file=sys.stderr)
     return 0 if found else 1

@@ -48,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"triage-worker status: {p}", file=sys.stderr)
         return preflight.EXIT_CONFIG
-    if args.interval_s <= 0 or args.window_s <= 0 or args.max_results < 1:
-        print("triage-worker status: --interval-s and --window-s must be > 0, --max-results >= 1", file=sys.stderr)
+    day_s = 86_400.0  # bounded: inf, nan or 1e10 s broke the stream-id arithmetic of the window (a traceback)
+    if not (0 < args.interval_s <= day_s and 0 < args.window_s <= 7 * day_s) or args.max_results < 1:  # nan fails
+        print(
+            "triage-worker status: --interval-s must be in (0, 86400], --window-s in (0, 604800], --max-results >= 1",
+            file=sys.stderr,
+        )
         return preflight.EXIT_CONFIG
     url = mask_url(s.redis_url)
     target = Target(

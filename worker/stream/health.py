@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from worker.keyspace import keys_under
-from worker.stream.scripts import heartbeat_script, release_script
+from worker.stream.scripts import error_code, heartbeat_script, release_script
 
 PHASES = ("starting", "reading", "inferring", "writing", "idle", "stopping")
 
@@ -286,15 +286,22 @@ def _number(value: object) -> float:
 
 
 def fresh_heartbeats(client: redis.Redis, key_prefix: str, consumer: str | None = None) -> Iterator[tuple[str, dict]]:
-    """(consumer, heartbeat JSON) for each live heartbeat (one consumer's if given)."""
+    """(consumer, heartbeat JSON) for each live worker heartbeat (one consumer's if given). Another key under the
+    prefix (another type, not a JSON object, no pid: a leftover, a prefix shared with other keys) is none: it must
+    neither keep a dead deployment healthy nor fail every probe."""
     keys = [key_prefix + consumer] if consumer else keys_under(client, key_prefix, count=500)
     for key in keys:
-        raw = client.get(key)
-        if raw is None:
-            continue
-        name = (key.decode() if isinstance(key, bytes) else key)[len(key_prefix) :]
         try:
-            value = json.loads(raw)
-        except ValueError:
-            value = {"raw": raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw}
-        yield name, value
+            raw = client.get(key)
+        except redis.ResponseError as e:
+            if error_code(e) == "WRONGTYPE":
+                continue
+            raise
+        beat = parse_heartbeat(raw)
+        if is_worker_heartbeat(beat):
+            yield (key.decode() if isinstance(key, bytes) else key)[len(key_prefix) :], beat
+
+
+def is_ready(beat: dict) -> bool:
+    """Past start-up (model loaded, loop running): any phase but ``starting``; a heartbeat without one counts."""
+    return beat.get("phase") != "starting"
