@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.redact import mask_secrets
+from worker.redact import mask_secrets, url_userinfo
 
 EXIT_CONFIG = 2
 
@@ -126,7 +126,7 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
             if not _DB_PATH.match(parts.path or ""):
                 raise ValueError(f"the path must be a database number like /0, not {parts.path!r}")
     except ValueError as e:
-        userinfo = url.split("://", 1)[-1].rpartition("@")[0]
+        userinfo = url_userinfo(url) or ""
         # redis-py's own message quotes pieces of what it misread: of the password, when it holds / # ?
         why = (
             "the password holds / # or ?, which end the host part of a URL: percent-encode it "

@@ -19,8 +19,9 @@ MASK = "***"
 _MIN_SECRET_CHARS = 3  # shorter literals would mask ordinary text
 
 # scheme://userinfo@ — greedy up to the LAST "@" of the token: a password may hold an unencoded "@", "/", "#" or
-# "?" (a generated one often does), which a URL parser reads as the path or query
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s'\"<>]*)@", re.I)
+# "?" (a generated one often does), which a URL parser reads as the path or query. Never across a query parameter
+# ("?key="): an "@" in the query (?password=a@b, ?ssl_ca_certs=/a@b.pem) is no user info.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>(?:(?![?&][\w.-]*=)[^\s'\"<>])*)@", re.I)
 # password=..., ?password=..., &token=..., password='...' (a repr): the value up to a separator
 _SECRET_PAIR = re.compile(
     r"(?P<key>(?<![a-z0-9_])(?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|auth)\s*=\s*)"
@@ -85,14 +86,12 @@ def url_secrets(url: str | None) -> list[str]:
     except ValueError:
         parts = None
     if parts is not None:
-        raw = url.strip().split("://", 1)[-1]
-        # the parser's user info, and the text up to the last "@": an unencoded / # ? in the password ends the
-        # parser's host part early, so its user info is a piece of the password or nothing
-        for where in {parts.netloc, raw}:
-            if "@" in where:
-                userinfo = where.rsplit("@", 1)[0]
-                out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
-                out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+        # the parser's user info, and the mask's: an unencoded / # ? in the password ends the parser's host part
+        # early, so its user info is a piece of the password or nothing
+        found = {parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else None, url_userinfo(url)}
+        for userinfo in found - {None}:
+            out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
+            out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
         for k, v in parse_qsl(parts.query, keep_blank_values=False):
             if k.lower() in SECRET_QUERY_KEYS:
                 out.append(v)
@@ -101,6 +100,12 @@ def url_secrets(url: str | None) -> list[str]:
             if k.lower() in SECRET_QUERY_KEYS and v:
                 out.append(v)  # the raw, still percent-encoded form
     return [s for s in out if s]
+
+
+def url_userinfo(url: str) -> str | None:
+    """The user info of a URL as the mask reads it (up to the last "@" before any query parameter), or None."""
+    m = _URL_USERINFO.match(url.strip())
+    return m["userinfo"] if m else None
 
 
 def register_url_secrets(url: str | None) -> None:

@@ -51,6 +51,19 @@ def test_an_unencoded_slash_hash_or_question_mark_in_a_password_is_masked_whole(
     assert pw not in redact.mask_secrets(f"AUTH {pw} failed")
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://h:6379/0?password=ab@cdefgh", "redis://h:6379/0?password=***"),
+        ("unix:///run/r.sock?db=0&password=Zq@Secr3tTail", "unix:///run/r.sock?db=0&password=***"),
+        ("redis://h:6379/0?ssl_ca_certs=/a@b.pem", "redis://h:6379/0?ssl_ca_certs=/a@b.pem"),
+    ],
+)
+def test_an_at_sign_in_the_query_is_no_user_info(url, shown):
+    """Read as user info, it would hide the host and port and print the password's tail after its "@"."""
+    assert redact.mask_url(url) == shown
+
+
 def test_ordinary_text_is_left_alone():
     text = "forward_passes=3 prefix_tokens_reused=10 url=redis://127.0.0.1:6379/0 bypass=1"
     assert redact.mask_secrets(text) == text
