@@ -229,3 +229,9 @@ def test_healthcheck_ready_and_keys_under_the_prefix_that_are_no_workers_heartbe
         assert "no fresh heartbeat" in got[k].stderr
     assert got["junk-status"].returncode == 0, got["junk-status"].stderr
     assert not [w for w in json.loads(got["junk-status"].stdout)["workers"] if w.get("consumer", "").startswith("junk")]
+
+
+@pytest.mark.parametrize("window_s", ["inf", "nan", "1e10", "-1"])
+def test_status_refuses_a_window_it_cannot_read_in_one_line(triage_env, window_s):
+    r = run_cli(triage_env, "status", "--json", "--window-s", window_s)
+    assert r.returncode == 2 and "--window-s in (0, 604800]" in r.stderr and "Traceback" not in r.stderr, r.stderr
