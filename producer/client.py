@@ -20,7 +20,7 @@ import redis
 
 from producer.results import Result, as_str
 from producer.settings import ProducerSettings
-from worker.stream.messages import id_problem
+from worker.stream.messages import id_problem, unicode_problem
 
 GET_CHUNK = 1000  # keys per pipelined MGET while waiting
 SOCKET_TIMEOUT_S = 15.0  # of the client built here: above any block it uses (as the worker's)
@@ -82,14 +82,10 @@ def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta
         if not isinstance(meta, (str, dict)):
             raise TypeError(f"meta must be a dict (sent as a JSON object) or a JSON string, got {type(meta).__name__}")
         fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False)
-    for name, value in fields.items():
-        try:  # redis-py would raise while packing the chunk, after earlier chunks went
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(
-                f"{name} contains characters that are not valid Unicode (a lone surrogate at position {e.start}, "
-                "e.g. half of an emoji)"
-            ) from None
+    for name, value in fields.items():  # redis-py would raise while packing the chunk, after earlier chunks went
+        why = unicode_problem(value, name)
+        if why:
+            raise ValueError(why)
     return fields
 
 

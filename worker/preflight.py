@@ -196,19 +196,16 @@ def consumer_holder(url: str, settings) -> dict | str | None:
     """The heartbeat of the worker that holds ``settings.consumer`` (None: nobody; a str: why it was not read)."""
     import redis
 
-    from worker.stream.health import is_worker_heartbeat, parse_heartbeat
-    from worker.stream.scripts import error_code
+    from worker.stream.health import fresh_heartbeats
 
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
     try:
-        beat = parse_heartbeat(client.get(settings.heartbeat_key_prefix + settings.consumer))
+        beats = fresh_heartbeats(client, settings.heartbeat_key_prefix, settings.consumer)
+        return next((beat for _, beat in beats), None)
     except redis.RedisError as e:
-        if error_code(e) == "WRONGTYPE":  # no heartbeat: a worker overwrites it
-            return None
         return f"{type(e).__name__}: {e}"
     finally:
         client.close()
-    return beat if is_worker_heartbeat(beat) else None
 
 
 def task_problems(settings) -> list[Problem]:

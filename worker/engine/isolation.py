@@ -15,7 +15,31 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from worker.engine.bucketing import Pass
-from worker.engine.types import PassStats, Prediction, Prepared, RunStats
+from worker.engine.types import InvalidTicket, PassStats, Prediction, Prepared, RunStats
+
+
+def prepare_isolated(
+    prepare: Callable[[Sequence[str]], list[Prepared | InvalidTicket]], texts: Sequence[str]
+) -> list[Prepared | InvalidTicket]:
+    """Tokenize in one call; if that call raises (one text no check foresaw), each text alone, so only the one that
+    breaks the tokenizer comes back as an ``InvalidTicket`` (with the error), as a failed pass is re-run."""
+    try:
+        return list(prepare(texts)) if texts else []
+    except Exception:  # noqa: BLE001 - isolated below
+        out: list[Prepared | InvalidTicket] = []
+        for text in texts:
+            try:
+                out.extend(prepare([text]))
+            except Exception as e:  # noqa: BLE001 - this ticket's failure, never fatal
+                out.append(InvalidTicket(f"the tokenizer failed on this ticket ({type(e).__name__}: {short(e)})"))
+        return out
+
+
+def short(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most ``limit`` characters (a reason, a log field)."""
+    s = str(e).strip().replace("\n", " ")
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
 
 # classify_passes(items, passes[, before_last=]) -> (indices, predictions, cost) per pass
 PassesFn = Callable[..., Iterable[tuple[tuple[int, ...], list[Prediction], PassStats]]]

@@ -12,6 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from worker.stream.messages import unicode_problem
+
 CLASSIFY_PATH = "worker.rq_jobs.classify"  # the wire contract: job payloads name this path
 
 
@@ -41,13 +43,9 @@ def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: 
         raise InvalidJob(f"ticket must be an object with a 'text' field or a string, got {_json_type(ticket)}")
     if not isinstance(text, str):
         raise InvalidJob(f"ticket text must be a string, got {_json_type(text)}")
-    try:  # JSON may carry "\ud800" (half an emoji): no tokenizer takes it, and it would fail the whole batch
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidJob(
-            f"ticket text contains characters that are not valid Unicode (a lone surrogate at position {e.start}, "
-            "e.g. half of an emoji): send UTF-8 text"
-        ) from None
+    why = unicode_problem(text, "ticket text")  # else one such job would fail its whole batch in the tokenizer
+    if why:
+        raise InvalidJob(why)
     if not text.strip():
         raise InvalidJob("ticket text is empty")
     n_bytes = len(text.encode("utf-8", errors="surrogatepass"))

@@ -189,15 +189,16 @@ class BatchWorker(BaseWorker):
         Pass by pass, as the stream worker does (``engine.isolation``): a pass that fails is re-run job by job,
         so one bad ticket fails only its own job. The batch's timeout fails every job still without a result.
         Returns the passes' stats and how many jobs were re-run alone."""
-        from worker.engine.isolation import run_passes
+        from worker.engine.isolation import prepare_isolated, run_passes
+        from worker.engine.types import InvalidTicket
         from worker.rqbatch.payload import job_result
 
         valid = [e for e in entries if e.error is None]
         timeout_s = batch_timeout_s([e.job for e in valid], self.queue_class.DEFAULT_TIMEOUT)
         stats, split_retries = RunStats(), 0
         try:
-            for e, item in zip(valid, self._prepare([e.text for e in valid])):
-                if isinstance(item, Exception):  # InvalidTicket, or what tokenizing one ticket raised
+            for e, item in zip(valid, prepare_isolated(self.clf.prepare, [e.text for e in valid])):
+                if isinstance(item, InvalidTicket):
                     e.fail(item)
                 else:
                     e.item = item
@@ -220,20 +221,6 @@ class BatchWorker(BaseWorker):
                 if e.error is None and e.result is None:
                     e.fail(exc)
         return stats, split_retries
-
-    def _prepare(self, texts: list[str]) -> list:
-        """The batch tokenized in one call; if that raises, ticket by ticket, so a text no check foresaw fails
-        only its own job (the exception in its place), as a pass that fails is re-run job by job."""
-        try:
-            return list(self.clf.prepare(texts))
-        except Exception:  # noqa: BLE001 - isolated below
-            out: list = []
-            for text in texts:
-                try:
-                    out.extend(self.clf.prepare([text]))
-                except Exception as e:  # noqa: BLE001 - this job's failure
-                    out.append(e)
-            return out
 
     def _count(self, ok: list[Entry], failed: list[Entry], stats: RunStats, split_retries: int) -> None:
         """The batch in the stream worker's ticket, token and CUDA graph metrics (a failed job counts as a dead

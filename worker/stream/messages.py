@@ -119,11 +119,8 @@ def _size(v: Any) -> int:
 def _decode(v: Any, name: str) -> str | Rejected:
     """Strict UTF-8: a producer sending Latin-1 or binary gets told so, with the offending byte."""
     if isinstance(v, str):
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            return Rejected("", None, f"{name} contains characters that are not valid Unicode (lone surrogates)")
-        return v
+        why = unicode_problem(v, name)
+        return v if why is None else Rejected("", None, why)
     if isinstance(v, (bytes, bytearray)):
         try:
             return bytes(v).decode("utf-8")
@@ -135,6 +132,19 @@ def _decode(v: Any, name: str) -> str | Rejected:
     if isinstance(v, (int, float)):  # only from in-process callers; Redis hands back bytes
         return str(v)
     return Rejected("", None, f"{name} must be a string, got {type(v).__name__}")
+
+
+def unicode_problem(text: str, name: str = "text") -> str | None:
+    """Why ``text`` cannot be UTF-8 (None: it can): a lone surrogate, as JSON's "\\ud83d" (half an emoji) decodes.
+    No tokenizer takes one; the producer client, the RQ worker and the stream worker refuse it with this reason."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"{name} contains characters that are not valid Unicode (a lone surrogate at position {e.start}, "
+            "e.g. half of an emoji): send UTF-8 text"
+        )
+    return None
 
 
 def id_problem(ticket_id: str) -> str | None:

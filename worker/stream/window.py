@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from worker.engine.types import InvalidTicket, Prediction, Prepared
+from worker.engine.isolation import prepare_isolated, short
+from worker.engine.types import Prediction, Prepared
 from worker.stream.messages import Rejected, Ticket, parse_entry
 from worker.stream.records import DEAD_LETTER_EXCERPT_BYTES, dead_letter_fields, result_fields, stream_id_ms
 from worker.stream.sink import Outcome
@@ -70,16 +71,7 @@ def build_window(
             w.rejected.append((e, parsed.ticket_id, parsed.reason))
         else:
             candidates.append((e, parsed))
-    texts = [t.text for _, t in candidates]
-    try:
-        prepared = prepare(texts) if texts else []
-    except Exception:  # one text broke the whole tokenizer call: find which, alone
-        prepared = []
-        for text in texts:
-            try:
-                prepared.extend(prepare([text]))
-            except Exception as e:  # noqa: BLE001 - reported per ticket, never fatal
-                prepared.append(InvalidTicket(f"the tokenizer failed on this ticket ({type(e).__name__}: {_short(e)})"))
+    prepared = prepare_isolated(prepare, [t.text for _, t in candidates])
     for (e, ticket), p in zip(candidates, prepared):
         if isinstance(p, Prepared):
             w.tickets.append(ticket)
@@ -128,7 +120,7 @@ def pass_outcome(
         ticket = w.tickets[i]
         out.ack_ids.append(ticket.stream_id)
         if isinstance(pred, Exception):
-            reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {_short(pred)})"
+            reason = f"the model failed on this ticket even when run alone ({type(pred).__name__}: {short(pred)})"
             out.dead_letters.append(_dead(w.by_id[ticket.stream_id], ticket.ticket_id, reason, worker, excerpt_bytes))
             continue
         latency = max(0.0, now_ms - stream_id_ms(ticket.stream_id))
@@ -167,8 +159,3 @@ def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str, exce
         ticket_id=ticket_id,
         worker=worker,
     )
-
-
-def _short(e: BaseException, limit: int = 300) -> str:
-    s = str(e).strip().replace("\n", " ")
-    return s if len(s) <= limit else s[: limit - 3] + "..."
