@@ -6,11 +6,12 @@ sent = client.submit_many(["I was charged twice", {"text": "App crashes", "id": 
 results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answering its own send
 """
 
-from producer.client import BacklogFull, InvalidTicket, Submitted, TriageClient, ticket_fields
+from producer.client import BacklogFull, Submitted, TriageClient
 from producer.results import Result
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from producer.settings import ProducerSettings
 from producer.synth import generate_tickets, iter_tickets
+from producer.tickets import InvalidTicket, ticket_fields
 
 __all__ = [
     "BacklogFull",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ import redis
 
 from producer.results import Result, as_str
 from producer.settings import ProducerSettings
-from worker.stream.messages import id_problem, unicode_problem
+from producer.tickets import InvalidTicket, normalize_at, ticket_fields  # noqa: F401 - ticket_fields: public here too
 
 GET_CHUNK = 1000  # keys per pipelined MGET while waiting
 SOCKET_TIMEOUT_S = 15.0  # of the client built here: above any block it uses (as the worker's)
@@ -51,64 +50,6 @@ class BacklogFull(RuntimeError):
             f"input stream backlog is {backlog} tickets, limit {limit} (TRIAGE_INPUT_MAX_BACKLOG): {how}. "
             "Start more workers, wait, or raise the limit."
         )
-
-
-class InvalidTicket(ValueError, TypeError):
-    """A ticket the worker would dead-letter without an id to wait on, or that cannot be sent at all (``index``: its
-    position in the call). ``submitted``: what the call had sent before it (nothing when given a list: a list is
-    checked whole before the first chunk goes). A TypeError too: a text that is no str raised one before."""
-
-    def __init__(self, index: int, reason: str, submitted: list[Submitted] | None = None):
-        super().__init__(f"ticket {index}: {reason}")
-        self.index, self.reason = index, reason
-        self.submitted = submitted or []
-
-
-def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta: Any = None) -> dict[str, str]:
-    """The flat fields of one input entry (``meta``: a dict is JSON-encoded, a string is sent as is).
-
-    Raises ``TypeError`` / ``ValueError`` for what the worker would reject without an id (an id over 256 bytes,
-    blank, with control characters) or never accept (a ``meta`` that is no JSON object): better here than a dead
-    letter that ``wait`` cannot match."""
-    if not isinstance(text, str):
-        raise TypeError(f"ticket text must be a str, got {type(text).__name__}")
-    why = id_problem(ticket_id)
-    if why:
-        raise ValueError(f"ticket id {ticket_id!r:.80}: {why}")
-    fields = {"text": text, "id": ticket_id}
-    if subject is not None:
-        fields["subject"] = str(subject)
-    if meta is not None:
-        if not isinstance(meta, (str, dict)):
-            raise TypeError(f"meta must be a dict (sent as a JSON object) or a JSON string, got {type(meta).__name__}")
-        fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False)
-    for name, value in fields.items():  # redis-py would raise while packing the chunk, after earlier chunks went
-        why = unicode_problem(value, name)
-        if why:
-            raise ValueError(why)
-    return fields
-
-
-def _normalize_at(index: int, ticket: Any, sent: list[Submitted]) -> tuple[str, dict[str, str]]:
-    try:
-        return _normalize(ticket)
-    except (TypeError, ValueError) as e:
-        raise InvalidTicket(index, str(e), list(sent)) from None
-
-
-def _normalize(ticket: str | Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    """A plain string or a mapping with text / id / subject / meta (other keys are ignored)."""
-    if isinstance(ticket, str):
-        ticket = {"text": ticket}
-    if "text" not in ticket:
-        raise ValueError(f"ticket has no 'text': {dict(ticket)!r:.200}")
-    given = ticket.get("id")
-    tid = str(given) if given not in (None, "") else uuid.uuid4().hex
-    subject = ticket.get("subject") or None
-    meta = ticket.get("meta")
-    return tid, ticket_fields(
-        ticket["text"], ticket_id=tid, subject=subject, meta=meta if meta not in ("", None) else None
-    )
 
 
 class TriageClient:
@@ -152,7 +93,7 @@ class TriageClient:
         s = self.settings
         size = min(s.submit_chunk_size, s.input_max_backlog) if s.input_max_backlog else s.submit_chunk_size
         done: list[Submitted] = []
-        checked = (_normalize_at(k, t, done) for k, t in enumerate(tickets))
+        checked = (normalize_at(k, t, done) for k, t in enumerate(tickets))
         items = list(checked) if isinstance(tickets, (list, tuple)) else checked
         chunk: list[tuple[str, dict[str, str]]] = []
         for item in items:

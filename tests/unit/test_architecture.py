@@ -37,6 +37,7 @@ PURE = (
     "worker.commands.model_flags",
     "producer.settings",
     "producer.client",
+    "producer.tickets",
 )
 NUMPY_FREE = (
     "worker.engine.types",

@@ -25,7 +25,7 @@ from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink
 from worker.stream.sizing import WindowSizer
-from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, start
+from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, release, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
 
@@ -380,20 +380,7 @@ class _Loop:
         # after the keeper's last beat: a name found lost up to then exits 2 (drained, stopped or not)
         code, why = self.shutdown.outcome(code, why)
         self.reader.join(timeout=READER_JOIN_S)  # gone already unless the writer failed: it may be mid-read
-        try:
-            # unique per process: do not leave a trail of dead names in XINFO. Never while the reader may still
-            # read: an entry it takes after the count would leave the pending list with the consumer, unacked.
-            # Nor once the name is another process's (taken over): its entries would go with it. Before the
-            # heartbeat is cleared: while the key is this process's, a newcomer waits (a key already gone: a
-            # newcomer would still load its model before its first read).
-            if self.heartbeat.still_ours() and not self.reader.is_alive() and self.source.own_pending_count() == 0:
-                self.source.delete_consumer()
-        except Exception as e:  # noqa: BLE001
-            self.log.warning("cleanup_failed", error=str(e))
-        try:
-            self.heartbeat.clear()  # whatever failed above: a stopped worker must not look alive for a TTL
-        except Exception as e:  # noqa: BLE001
-            self.log.warning("cleanup_failed", error=str(e))
+        release(self.heartbeat, self.source, reader_done=not self.reader.is_alive(), log=self.log)
         totals = self.status.snapshot()
         self.log.info(
             "worker_stopped",

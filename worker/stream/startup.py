@@ -1,5 +1,5 @@
 """Start-up of the stream worker, before the run loop (``loop.py``) takes over: signals, Redis and
-the consumer group, the heartbeat, then the model.
+the consumer group, the heartbeat, then the model; and at exit, ``release`` of the name it took.
 
 Redis first, the model second: a wrong URL or a Redis that is down shows in the first second,
 not after the model has loaded (seconds to minutes).
@@ -120,6 +120,24 @@ def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
             previous_pid=claim.previous.get("pid"),
         )
     return True
+
+
+def release(heartbeat: Heartbeat, source: StreamSource, *, reader_done: bool, log) -> None:
+    """At exit: the group's consumer, then the heartbeat key, each on its own (a stopped worker must not look alive).
+
+    No trail of dead names in XINFO (each process has its own), but never while the reader may still read (an entry
+    taken after the count would leave the pending list with the consumer, unacked), nor once another process holds
+    the name (its entries would go with it). Before the key is cleared: while it is ours, a newcomer waits."""
+
+    def leave_group() -> None:
+        if reader_done and heartbeat.still_ours() and source.own_pending_count() == 0:
+            source.delete_consumer()
+
+    for step in (leave_group, heartbeat.clear):
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - best effort on the way out
+            log.warning("cleanup_failed", error=str(e))
 
 
 def _name_lost(holder: dict, shutdown: Shutdown, log) -> None:
