@@ -193,9 +193,11 @@ class TriageClient:
         latest result of that id, whichever submission it answers.
 
         Returns what arrived (a dead-lettered ticket arrives with ``status == "dead_letter"`` and
-        a ``reason``); ids missing from the dict timed out. Between checks it blocks on XREAD of
-        the results and dead-letter streams, so it wakes when the worker writes, and re-reads
-        only what is still missing.
+        a ``reason``); ids missing from the dict timed out. A submission whose result key has
+        expired (``TRIAGE_RESULT_TTL_S``) but whose input entry the group has acknowledged is
+        looked up in the results and dead-letter streams (found unless they were trimmed past it).
+        Between checks it blocks on XREAD of the results and dead-letter streams, so it wakes when
+        the worker writes, and re-reads only what is still missing.
         """
         want: dict[str, str | None] = {}  # ticket id -> the input entry its result must answer (None: any)
         for t in tickets:
@@ -208,15 +210,22 @@ class TriageClient:
         cursors = self._stream_tails()
         scan = _SupersededScan(self)
         max_block_ms = self.settings.wait_poll_max_ms
+        first = True
         while True:
             remaining = [t for t in want if t not in got]
-            for tid, res in self.get_results(remaining).items():
+            found = self.get_results(remaining)
+            for tid, res in found.items():
                 expected = want[tid]
                 answers = res.fields.get("stream_id")
                 if expected is None or answers == expected:
                     got[tid] = res
                 elif _entry_after(answers, expected):  # a later send of the same id overwrote the key
                     scan.add(tid, expected)
+            if first:  # a key that is gone although the worker finished the entry expired: look in the streams
+                keyless = {want[t]: t for t in remaining if t not in found and want[t] is not None}
+                for sid in self._finished(list(keyless)):
+                    scan.add(keyless[sid], sid)
+                first = False
             got.update(scan.found())
             left_s = deadline - time.monotonic()
             if len(got) == len(want) or left_s <= 0:
@@ -225,6 +234,24 @@ class TriageClient:
             if self.redis.xread(cursors, count=1, block=block_ms):
                 cursors = self._stream_tails()  # woke on a write: skip past everything written so far
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
+
+    def _finished(self, stream_ids: list[str]) -> list[str]:
+        """Those input entries the group has delivered and acknowledged: their results were written.
+
+        Delivered = not after the group's last-delivered-id; acknowledged = no longer pending."""
+        s = self.settings
+        if not stream_ids:
+            return []
+        try:
+            groups = self.redis.xinfo_groups(s.input_stream)
+        except redis.ResponseError:  # no such stream
+            return []
+        last = next((as_str(g.get("last-delivered-id")) for g in groups if as_str(g.get("name")) == s.group), None)
+        delivered = [sid for sid in stream_ids if last is not None and not _entry_after(sid, last)]
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in delivered:
+            pipe.xpending_range(s.input_stream, s.group, min=sid, max=sid, count=1)
+        return [sid for sid, rows in zip(delivered, pipe.execute()) if not rows]
 
     def result(self, ticket: str | Submitted, timeout_s: float = 30.0) -> Result:
         """One ticket's result (of that submission, given a ``Submitted``).
@@ -310,9 +337,9 @@ def _entry_after(a: str | None, b: str | None) -> bool:
 
 
 class _SupersededScan:
-    """Find results of submissions whose id was sent again (the result key now answers the later send)
-    in the results and dead-letter streams: every record for an input entry is written after that
-    entry, so reading from the earliest such entry id onwards sees them all (unless trimmed)."""
+    """Find results of submissions the result key cannot answer (it answers a later send of the id, or
+    it expired) in the results and dead-letter streams: every record for an input entry is written
+    after that entry, so reading from the earliest such entry id onwards sees them all (unless trimmed)."""
 
     PAGE = 1000
 

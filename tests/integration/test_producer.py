@@ -473,6 +473,25 @@ def test_wait_matches_the_result_to_the_submission_of_a_resent_id(client, r, set
     assert got.label == "billing" and got.fields["stream_id"] == first.stream_id
 
 
+def test_wait_finds_a_finished_submission_whose_result_key_expired(client, r, settings):
+    """The key lives TRIAGE_RESULT_TTL_S; a wait after that (a resumed integration, ``wait --from-file`` the next
+    day) still gets the result of an entry the group acknowledged, from the results and dead-letter streams."""
+    r.xgroup_create(settings.input_stream, GROUP, id="0", mkstream=True)
+    done, dead, open_ = (client.submit(t, id=i) for t, i in (("refund", "E-1"), ("x", "E-2"), ("help", "E-3")))
+    r.xreadgroup(GROUP, "w", {settings.input_stream: ">"})  # all three delivered
+    pred = Prediction(label="billing", scores={"billing": 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    ok = result_fields("E-1", pred, latency_ms=1.0, model="m", worker="w", stream_id=done.stream_id)
+    bad = dead_letter_fields(
+        stream_id=dead.stream_id, reason="bad meta", payload={"id": "E-2", "text": "x"}, deliveries=1, ticket_id="E-2"
+    )
+    _sink(r, settings).write(Outcome(results=[ok], dead_letters=[bad], ack_ids=[done.stream_id, dead.stream_id]))
+    r.delete(client.result_key("E-1"), client.result_key("E-2"))  # expired
+    got = client.wait([done, dead, open_], timeout_s=0.5)
+    assert got["E-1"].label == "billing" and got["E-1"].fields["stream_id"] == done.stream_id
+    assert got["E-2"].status == "dead_letter" and got["E-2"].reason == "bad meta"
+    assert "E-3" not in got  # delivered, still pending: nothing to find yet
+
+
 def test_cli_wait_from_the_ids_file_of_send(client, r, settings, tmp_path, monkeypatch, redis_url):
     main = cli_main
     for k, v in {
