@@ -149,6 +149,60 @@ def test_label_scores_are_exact_log_probs(loaded, labels):
         np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+def _complete_answer_probs(clf, prepared, answers):
+    """Softmax over labels of log p(answer tokens) from plain full forwards: the reference for complete answers."""
+    base = list(clf.template.prefix_ids) + list(prepared.ids)
+    scores = []
+    for seq in answers:
+        with torch.no_grad():
+            logp = torch.log_softmax(clf.model(input_ids=torch.tensor([base + seq])).logits[0].float(), -1)
+        scores.append(sum(logp[len(base) - 1 + k, t].item() for k, t in enumerate(seq)))
+    e = np.exp(np.array(scores) - max(scores))
+    return e / e.sum()
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_label_whose_tokens_begin_another_is_scored_as_a_complete_answer(loaded, tmp_path, chat):
+    """ "account" vs "account closure": scored as label tokens alone, the shorter always wins (p(a, b) <= p(a)).
+    Each label is scored with the token that ends an answer in the prompt: the end of the assistant turn after a
+    chat template, the newline of the plain template's few-shot lines."""
+    from tests.tiny_model import build_tiny_model
+
+    plain_dir = None if chat else build_tiny_model(tmp_path / "plain", chat=False)
+    lm = loaded if chat else load_model(str(plain_dir), torch.device("cpu"), torch.float32, tmp_path)
+    labels = ("account", "account closure", "billing")
+    clf = make(lm, Task(labels))
+    tok = clf.tokenizer
+    lead, end = ("", "<|im_end|>") if chat else (" ", "\n")
+    plain = [tok(lead + lab, add_special_tokens=False)["input_ids"] for lab in labels]
+    assert plain[1][: len(plain[0])] == plain[0], "test needs a label whose tokens begin another's"
+    answers = [tok(lead + lab + end, add_special_tokens=False)["input_ids"] for lab in labels]
+    assert all(a[:-1] == p and len(a) == len(p) + 1 for a, p in zip(answers, plain))
+    assert clf.scorer.labels.ended and [list(s) for s in clf.scorer.labels.sequences] == answers
+    items = clf.prepare_valid(TEXTS[:6])
+    for p, it in zip(clf.classify(items)[0], items):
+        np.testing.assert_allclose(
+            [p.scores[lab] for lab in labels], _complete_answer_probs(clf, it, answers), atol=1e-5
+        )
+    assert max_delta(clf.classify(items)[0], clf.reference(items)) < 1e-5
+
+
+def test_labels_that_do_not_begin_one_another_keep_their_own_tokens(loaded):
+    clf = make(loaded)
+    tok = clf.tokenizer
+    assert not clf.scorer.labels.ended
+    assert [list(s) for s in clf.scorer.labels.sequences] == [
+        tok(lab, add_special_tokens=False)["input_ids"] for lab in clf.labels
+    ]
+
+
+def test_a_label_set_that_needs_an_end_token_without_one_is_refused(loaded):
+    from worker.engine.labels import LabelTokens
+
+    with pytest.raises(ValueError, match="'account' begins label 'account closure'.*rename one"):
+        LabelTokens.build(loaded.tokenizer, ("account", "account closure"), "", "")
+
+
 def test_truncation_is_flagged(loaded):
     clf = make(loaded, max_input_tokens=16)
     [short, long] = clf.prepare_valid(["short ticket", "word " * 200])

@@ -145,7 +145,9 @@ class Classifier:
                 "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)",
             )
         if scorer is None:
-            scorer = PromptScorer(self.model, LabelTokens.build(self.tokenizer, self.labels, self.template.label_lead))
+            t = self.template
+            labels = LabelTokens.build(self.tokenizer, self.labels, t.label_lead, t.answer_end)
+            scorer = PromptScorer(self.model, labels)
         self.scorer: Scorer = scorer
         bias = np.zeros(len(self.labels)) if score_bias is None else np.asarray(score_bias, dtype=np.float64)
         if bias.shape != (len(self.labels),):

@@ -23,6 +23,7 @@ class PromptTemplate:
     label_lead: str  # prepended to a label name to form its answer tokens ("" after a chat turn, " " after "Category:")
     uses_chat_template: bool
     lead_ids: tuple[int, ...] = ()  # put before every ticket's text ([CLS] for an encoder; nothing for a causal LM)
+    answer_end: str = ""  # what follows an answer in this prompt's format (the end of an assistant turn; "\n")
 
 
 def system_text(task: Task) -> str:
@@ -36,15 +37,17 @@ def system_text(task: Task) -> str:
 def build_template(tokenizer: PreTrainedTokenizerBase, task: Task) -> PromptTemplate:
     if getattr(tokenizer, "chat_template", None):
         prefix, tail = _chat_parts(tokenizer, task)
-        lead, chat = "", True
+        lead, chat, end = "", True, _chat_answer_end(tokenizer, task)
     else:
         prefix, tail = _plain_parts(task)
-        lead, chat = " ", False
+        lead, chat, end = " ", False, "\n"
     enc = lambda s: tuple(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     prefix_ids = enc(prefix)
     if not chat and tokenizer.bos_token_id is not None:
         prefix_ids = (tokenizer.bos_token_id,) + prefix_ids
-    return PromptTemplate(prefix_ids=prefix_ids, tail_ids=enc(tail), label_lead=lead, uses_chat_template=chat)
+    return PromptTemplate(
+        prefix_ids=prefix_ids, tail_ids=enc(tail), label_lead=lead, uses_chat_template=chat, answer_end=end
+    )
 
 
 def _chat_parts(tokenizer: PreTrainedTokenizerBase, task: Task) -> tuple[str, str]:
@@ -58,6 +61,21 @@ def _chat_parts(tokenizer: PreTrainedTokenizerBase, task: Task) -> tuple[str, st
         raise ValueError("chat template did not render the ticket slot exactly once")
     prefix, tail = rendered.split(_SLOT)
     return prefix, tail
+
+
+def _chat_answer_end(tokenizer: PreTrainedTokenizerBase, task: Task) -> str:
+    """What the chat template writes after an assistant's answer (``<|im_end|>\\n``); the EOS token if nothing."""
+    messages = [
+        {"role": "system", "content": system_text(task)},
+        {"role": "user", "content": "ticket"},
+        {"role": "assistant", "content": _SLOT},
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that refuses a closing assistant turn: fall back to EOS
+        rendered = ""
+    after = rendered.split(_SLOT, 1)[1] if rendered.count(_SLOT) == 1 else ""
+    return after if after.strip() else (tokenizer.eos_token or "")
 
 
 def _plain_parts(task: Task) -> tuple[str, str]:
