@@ -30,6 +30,7 @@ import torch
 from worker.engine import bucketing, varlen
 from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
+from worker.engine.exactness import FastPaths, fast_paths
 from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
 from worker.engine.framing import Framing, prepare
 from worker.engine.joined import backbone_name as backbone_name
@@ -49,6 +50,7 @@ from worker.engine.task import Task
 from worker.engine.types import EngineOptions, InvalidTicket, PassStats, Prediction, Prepared, RunStats
 
 log = logging.getLogger("triage.engine")
+_NO_LABELS = LabelTokens((), (), (), (), ())  # a head scores no label tokens: no continuation
 
 __all__ = ["Classifier", "EngineOptions", "InvalidTicket", "PassStats", "Prediction", "Prepared", "RunStats", "softmax"]
 
@@ -115,6 +117,16 @@ class Classifier:
             if problem:
                 log.warning("packed attention falls back to the torch kernel: %s", problem)
                 self.attention_kernel = "torch"
+        # a sliding window or soft-capped logits: the fast paths would not be the model's own attention
+        cont = getattr(self.scorer, "labels", _NO_LABELS).max_continuation
+        self.fast_paths = fast_paths(cfg, self.prefix_length + self.framing.max_row + cont)
+        if self.kind != "decoder":
+            self.fast_paths = FastPaths()
+        if self.attention == "packed" and self.fast_paths.packed:
+            log.warning("packed attention is off for this model: %s", self.fast_paths.packed)
+            self.attention = "padded"
+        if self.options.prefix_cache and self.fast_paths.prefix_cache:
+            log.warning("the prompt prefix cache is off for this model: %s", self.fast_paths.prefix_cache)
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         # classify_passes queues the next pass before yielding one (on CPU a launched pass has run: nothing overlaps)
         ahead = self.options.lookahead
@@ -205,7 +217,12 @@ class Classifier:
 
     # ------------------------------------------------------------------- plan
     def _cached(self, prefix_cache: bool | None) -> bool:
-        return (self.options.prefix_cache if prefix_cache is None else prefix_cache) and self.kind == "decoder"
+        wanted = self.options.prefix_cache if prefix_cache is None else prefix_cache
+        return wanted and self.kind == "decoder" and not self.fast_paths.prefix_cache
+
+    def _attention_of(self, attention: str | None) -> str:
+        """The attention a pass runs: the one asked for, padded where packed is not this model's attention."""
+        return "padded" if self.fast_paths.packed else attention or self.attention
 
     def cost_length(self, p: Prepared, prefix_cache: bool | None = None) -> int:
         """Tokens the forward call computes for this ticket (the prefix too when it is not cached;
@@ -218,7 +235,7 @@ class Classifier:
         """Passes for ``items`` under this classifier's per-pass caps: packed (real tokens) or padded length buckets."""
         o = self.options
         lengths = [self.cost_length(p, prefix_cache) for p in items]
-        if (attention or self.attention) == "packed":
+        if self._attention_of(attention) == "packed":
             return bucketing.plan_packed(lengths, o.pass_max_items, o.pass_max_tokens)
         return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens)
 
@@ -262,7 +279,10 @@ class Classifier:
 
         ``on_device()`` is called once the host-side preparation is done, before the pass's first device work.
         """
-        packed = self.kind == "decoder" and (attention or self.attention) == "packed"
+        if len(items) > 1 and self.scorer.needs_cache and self.fast_paths.continuations_alone:
+            first = self._scores(items[:1], prefix_cache, pad_to, attention, on_device)
+            return torch.cat([first, *(self._scores([p], prefix_cache, pad_to, attention) for p in items[1:])])
+        packed = self.kind == "decoder" and self._attention_of(attention) == "packed"
         with nullcontext() if packed else sdpa_context(self.model.device):
             fwd = self._forward(items, prefix_cache, pad_to, packed, on_device)
             return self.scorer.scores(self.model, self._join(fwd, items)).double()
@@ -344,7 +364,7 @@ class Classifier:
         pass, from ``prelaunch``, if it is ``passes[0]``.
         """
         cached = self._cached(prefix_cache)
-        attention = attention or self.attention
+        attention = self._attention_of(attention)
         if passes is None:
             passes = self.plan(items, cached, attention)
         settings, run = (cached, attention, pad_to), dict(prefix_cache=cached, pad_to=pad_to, attention=attention)
