@@ -199,9 +199,12 @@ def _log_events(h, event: str) -> list[dict]:
     return [e for e in log_events(h.log.read_text(errors="replace")) if e.get("event") == event]
 
 
-def _wait_for(predicate, what: str, timeout_s: float = 120.0) -> None:
+def _wait_for(predicate, what: str, proc: Popen, h, timeout_s: float = 120.0) -> None:
+    """Poll ``predicate``; fail at once, with the worker's log, if the worker ``proc`` exits first."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
+        if proc.poll() is not None and not predicate():  # (it may have come true just before the exit)
+            raise AssertionError(f"the worker exited {proc.returncode} before {what}:\n{h.log.read_text()}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
@@ -340,7 +343,7 @@ def test_metrics_count_the_batch_workers_jobs_passes_and_failures(rq_setup):
                 return False
             return m.get(("triage_request_count_total", ())) == 10 and m.get(WORKER_IDLE) == 1
 
-        _wait_for(settled_and_idle, "the batch in the metrics")
+        _wait_for(settled_and_idle, "the batch in the metrics", proc, h)
         assert m[("triage_request_success_total", ())] == 8
         assert m[("triage_request_failure_total", (("reason", "no_text"),))] == 1
         assert m[("triage_request_failure_total", (("reason", "empty_text"),))] == 1
@@ -364,10 +367,10 @@ def test_a_warm_stop_mid_pass_shows_stopping_in_the_metrics_and_finishes_the_bat
     held = "tests.integration.test_rq.HeldPassBatchWorker"
     metrics = {"TRIAGE_METRICS_PORT": str(port), "TRIAGE_METRICS_HOST": "127.0.0.1"}
     with _running(h, "--job-monitoring-interval", "1", worker_class=held, **metrics) as proc:
-        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the batch's pass")
+        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the batch's pass", proc, h)
         assert scrape(port)[WORKER_INFERRING] == 1
         proc.send_signal(signal.SIGTERM)
-        _wait_for(lambda: scrape(port)[WORKER_STOPPING] == 1, "the phase gauge to say stopping")
+        _wait_for(lambda: scrape(port)[WORKER_STOPPING] == 1, "the phase gauge to say stopping", proc, h)
         assert scrape(port)[WORKER_INFERRING] == 0
         h.conn.set(q.name + ":release", 1, ex=600)
         assert proc.wait(timeout=60) == 0, h.log.read_text()
@@ -393,9 +396,14 @@ def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
     # A long fill wait: the worker holds these 3 jobs, waiting for more, when SIGTERM arrives.
     worker_key = f"rq:worker:{h.worker_name}"
     with _running(h, TRIAGE_WINDOW_MAX_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000") as proc:
-        _wait_for(lambda: q.count == 0 and h.conn.hget(worker_key, "state") == b"busy", "the worker to take the batch")
+        _wait_for(
+            lambda: q.count == 0 and h.conn.hget(worker_key, "state") == b"busy",
+            "the worker to take the batch",
+            proc,
+            h,
+        )
         proc.send_signal(signal.SIGTERM)
-        _wait_for(lambda: h.conn.hexists(worker_key, "shutdown_requested_date"), "the warm shutdown request")
+        _wait_for(lambda: h.conn.hexists(worker_key, "shutdown_requested_date"), "the warm shutdown request", proc, h)
         late = enqueue_tickets(q, TICKETS[3:5])
         h.jobs += late
         assert proc.wait(timeout=60) == 0, h.log.read_text()
@@ -520,7 +528,7 @@ def test_a_batch_worker_killed_while_filling_from_several_queues_leaves_its_jobs
     listed = lambda: {x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)}  # noqa: E731
     try:
         with _running(h, q2.name, TRIAGE_MAX_WAIT_MS="120000") as proc:  # fills for up to two minutes
-            _wait_for(lambda: listed() == want, "the three jobs in the intermediate list")
+            _wait_for(lambda: listed() == want, "the three jobs in the intermediate list", proc, h)
             proc.kill()
             proc.wait(timeout=30)
         assert listed() == want and q2.count == 0 and q2.started_job_registry.get_job_ids() == []
@@ -549,7 +557,7 @@ def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup,
     env = {"TRIAGE_RQ_ALLOWED_CALLBACKS": "tests.integration.test_rq.some_other_callback", "TRIAGE_MAX_WAIT_MS": "2000"}
     held = "tests.integration.test_rq.HeldPassBatchWorker"  # never released: killed mid-pass
     with _running(h, "--job-monitoring-interval", "1", worker_class=held, **env) as proc:
-        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass")
+        _wait_for(lambda: h.conn.exists(q.name + ":in-pass"), "the worker to enter the forward pass", proc, h)
         in_pass = h.conn.get(q.name + ":in-pass").decode()
         proc.kill()  # kill -9 mid-pass
         proc.wait(timeout=30)
