@@ -99,6 +99,19 @@ def test_good_redis_urls(url):
         ("broken.yaml", "labels: [a, b\nexamples: []\n", "broken.yaml:2:"),
         ("bad.json", '{"labels": ["a", "b",]}', "bad.json:1:"),
         ("nolabel.yaml", "labels: [a, b]\nexamples:\n  - {text: hi, label: c}\n", "example label 'c' is not one of"),
+        (
+            "dupmap.yaml",
+            "labels:\n  billing: a\n  technical: b\n  billing: c\n",
+            "dupmap.yaml:4: the key 'billing' appears",
+        ),
+        (
+            "duptop.yaml",
+            "labels: [x, y]\nexamples: []\nlabels: [a, b]\n",
+            "duptop.yaml:3: the key 'labels' appears twice",
+        ),
+        ("dup.json", '{"labels": ["a", "b"], "labels": ["c", "d"]}', "the key 'labels' appears twice"),
+        ("case.yaml", "labels: [billing, Billing]\n", "labels 'billing' and 'Billing' differ only in case"),
+        ("number.json", '{"labels": {"a": "x", "b": 2}}', "expected text, got 2"),
     ],
 )
 def test_task_file_errors_name_the_file_and_line(tmp_path, name, text, words):
@@ -108,3 +121,17 @@ def test_task_file_errors_name_the_file_and_line(tmp_path, name, text, words):
         load_task_file(path)
     assert words in str(info.value) and "<unicode string>" not in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_task_file_values_are_the_text_written(tmp_path):
+    """YAML 1.1 would turn a label ``yes`` into True (named "True") and merge ``1.0`` into it; names are stripped
+    as TRIAGE_LABELS strips them, so an example's label matches its label written with a stray space."""
+    path = tmp_path / "text.yaml"
+    path.write_text(
+        "labels:\n  yes: agrees\n  no: refuses\n  1.0: version one\n  'off ': switched off\n"
+        "examples:\n  - {text: 2024-01-01, label: ' off'}\n"
+    )
+    task = load_task_file(path)
+    assert task.labels == ("yes", "no", "1.0", "off")
+    assert task.descriptions == {"yes": "agrees", "no": "refuses", "1.0": "version one", "off": "switched off"}
+    assert [(e.text, e.label) for e in task.examples] == [("2024-01-01", "off")]

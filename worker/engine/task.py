@@ -58,6 +58,11 @@ class Task:
             raise TaskError(f"duplicate labels: {list(self.labels)}")
         if any(not lab.strip() for lab in self.labels):
             raise TaskError("labels must be non-empty")
+        folded: dict[str, str] = {}
+        for lab in self.labels:
+            other = folded.setdefault(lab.strip().casefold(), lab)
+            if other != lab:
+                raise TaskError(f"labels {other!r} and {lab!r} differ only in case or spaces")
         for ex in self.examples:
             if ex.label not in self.labels:
                 raise TaskError(f"example label {ex.label!r} is not one of {list(self.labels)}")
@@ -122,8 +127,8 @@ def load_task_file(path: Path) -> Task:
         for key in EXAMPLE_KEYS:
             if key not in e or e[key] is None or not str(e[key]).strip():
                 raise TaskError(f"{where(at)}: example {i + 1} has no '{key}'")
-        examples.append(Example(str(e["text"]), str(e["label"])))
-    instructions = str(data.get("instructions") or DEFAULT_INSTRUCTIONS)
+        examples.append(Example(_text(e["text"], where((*at, "text"))), _text(e["label"], where(at)).strip()))
+    instructions = _text(data.get("instructions") or DEFAULT_INSTRUCTIONS, where(("instructions",)))
     try:
         return Task(tuple(labels), descriptions, tuple(examples), instructions)
     except TaskError as e:
@@ -134,12 +139,17 @@ def _parse_task_text(raw: str, path: Path):
     """The parsed document and, for YAML, a map from key paths to 1-based line numbers."""
     if path.suffix == ".json":
         try:
-            return json.loads(raw), {}
+            return json.loads(raw, object_pairs_hook=_json_object), {}
         except json.JSONDecodeError as e:
             raise TaskError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+        except _DuplicateKey as e:
+            raise TaskError(f"{path}: the key {e.args[0]!r} appears twice in one mapping") from None
     try:
-        node = yaml.compose(raw, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(raw)
+        node = yaml.compose(raw, Loader=_TextLoader)
+        data = yaml.load(raw, Loader=_TextLoader)  # a SafeLoader, with text for every value
+    except _DuplicateKey as e:
+        key, line = e.args
+        raise TaskError(f"{path}:{line}: the key {key!r} appears twice in one mapping") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -148,6 +158,48 @@ def _parse_task_text(raw: str, path: Path):
     lines: dict[tuple, int] = {}
     _index_lines(node, (), lines)
     return data, lines
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+class _TextLoader(yaml.SafeLoader):
+    """Every value of a task file is text: ``yes``, ``no``, ``on``, ``1.0``, ``2024-01-01`` stay what was
+    written (YAML 1.1 would make a label ``yes`` the boolean True, named "True", and merge ``1.0`` into it);
+    ``~``, ``null`` and an empty value still mean nothing. A key given twice in one mapping is an error, not
+    a silent overwrite."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_TextLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _json_object(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _text(value: object, where: str) -> str:
+    """A value that must be text (JSON: a string; a number or a boolean there is a mistake, not a name)."""
+    if not isinstance(value, str):
+        raise TaskError(f"{where}: expected text, got {json.dumps(value)[:80]}")
+    return value
 
 
 def _index_lines(node, at: tuple, lines: dict) -> None:
@@ -188,21 +240,30 @@ def _no_unknown_keys(mapping: dict, allowed: tuple[str, ...], what: str, where: 
 
 
 def _parse_labels(spec: object, where: _Where) -> tuple[list[str], dict[str, str]]:
+    """Names stripped of surrounding spaces (as ``TRIAGE_LABELS``); descriptions as written."""
     if isinstance(spec, dict):
-        return [str(k) for k in spec], {str(k): str(v) for k, v in spec.items() if v}
+        names, desc = [], {}
+        for k, v in spec.items():
+            at = where(("labels", k))
+            name = _text(k, at).strip()
+            names.append(name)
+            if v:
+                desc[name] = _text(v, at)
+        return names, desc
     if isinstance(spec, list):
         names, desc = [], {}
         for i, item in enumerate(spec):
             at = ("labels", i)
             if isinstance(item, str):
-                names.append(item)
+                names.append(item.strip())
             elif isinstance(item, dict):
                 _no_unknown_keys(item, LABEL_KEYS, f"label {i + 1}", where, at)
                 if not str(item.get("name") or "").strip():
                     raise TaskError(f"{where(at)}: label {i + 1} has no 'name'")
-                names.append(str(item["name"]))
+                name = _text(item["name"], where(at)).strip()
+                names.append(name)
                 if item.get("description"):
-                    desc[str(item["name"])] = str(item["description"])
+                    desc[name] = _text(item["description"], where(at))
             else:
                 raise TaskError(f"{where(at)}: bad label entry {item!r:.80} (a name, or {{name, description}})")
         return names, desc
