@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from worker.assemble import ScoringConfigError, build_classifier
-from worker.engine.classifier import Classifier, softmax
+from worker.engine.classifier import Classifier, InvalidTicket, softmax
 from worker.engine.loader import ModelNotFound, load_model, unzipped_dir
 from worker.engine.task import default_task
+from worker.observability.reasons import reason_class
 from worker.quality.features import run_features
 from worker.quality.head import Head, HeadMismatch, HeadScorer, fit_head, prompt_hash
 from worker.settings import Settings
@@ -68,6 +69,15 @@ def test_encoder_rows_are_cls_text_sep_and_pool_like_sentence_transformers(loade
     for i, p in enumerate(items):  # each ticket alone, plain mask-weighted mean over every token
         alone = loaded_bert.model(input_ids=torch.tensor([p.ids])).last_hidden_state[0].mean(0)
         assert np.allclose(feats.mean[i], alone.detach().numpy(), atol=1e-5)
+
+
+def test_text_the_encoders_tokenizer_drops_whole_is_refused_as_empty(loaded_bert):
+    """BERT's normalizer drops control and format characters: such a ticket has no token to classify."""
+    clf = Classifier(loaded_bert, default_task(), max_input_tokens=512)
+    out = clf.prepare(["refund please", "\u200b\u200b", "\x00\x01\x02"])
+    assert not isinstance(out[0], InvalidTicket)
+    assert all(isinstance(o, InvalidTicket) and "is empty" in str(o) for o in out[1:])
+    assert reason_class(str(out[1])) == "empty_text"
 
 
 def test_encoder_truncates_to_its_position_limit_and_flags_it(loaded_bert):

@@ -97,6 +97,9 @@ def prepare(
     limit = lm.limit
     for k, (i, ids) in enumerate(zip(todo, enc)):
         n = len(ids)
+        if n == 0:  # an encoder's normalizer drops control and format characters: "\u200b" alone is no text
+            out[i] = InvalidTicket("ticket text is empty (nothing the tokenizer keeps: control or format characters)")
+            continue
         if n > limit and not truncate:
             out[i] = InvalidTicket(f"ticket is {n} tokens, over the {limit}-token limit (truncation is off)")
             continue
