@@ -301,3 +301,29 @@ def test_a_warm_stop_mid_pass_shows_stopping_in_the_heartbeat_and_the_metrics(tr
     assert 1.0 in phases and phases[-1] == 1.0, phases
     assert client.xlen(env["TRIAGE_RESULTS_STREAM"]) == WINDOW  # the warm stop finished the window in hand
     assert client.get(key) is None
+
+
+def test_the_queue_gauges_follow_the_group_while_the_worker_is_idle(triage_env, redis_url):
+    """The last window reads the group's state while its own entries are still pending; an idle worker's keeper
+    reads it again on every beat, so pending falls back to 0 once they are acked (an alert on it would never clear)."""
+    port = free_port()
+    env = env_with(
+        triage_env,
+        TRIAGE_CONSUMER="queue-a",
+        TRIAGE_METRICS_PORT=port,
+        TRIAGE_METRICS_HOST="127.0.0.1",
+        TRIAGE_HEARTBEAT_TTL_S=1,  # a beat every ~0.33 s
+        TRIAGE_MAX_WAIT_MS=0,
+    )
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    stream = env["TRIAGE_INPUT_STREAM"]
+    with start_worker(env) as w:
+        ids = [client.xadd(stream, {"id": f"q-{i}", "text": GOOD_TEXTS[i % 4]}) for i in range(5)]
+        wait_settled(client, env, ids, timeout_s=120)
+        windows = w.events("window")
+        assert windows and max(win["pending"] for win in windows) > 0  # what the window saw: its own entries
+        deadline = time.monotonic() + 30
+        while scrape(port).get(("triage_queue_pending", ())) != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        m = scrape(port)
+        assert m[("triage_queue_pending", ())] == 0 and m[("triage_queue_size", ())] == 0

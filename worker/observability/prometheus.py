@@ -271,10 +271,14 @@ class PrometheusMetrics(Metrics):
         if m.first_pass_early:
             self.windows_first_pass_early.inc()
         self.last_window.set(time.time())
-        if m.backlog is not None:
-            self.queue_size.set(m.backlog)
-        if m.pending is not None:
-            self.queue_pending.set(m.pending)
+        self.on_queue(m.backlog, m.pending)
+
+    def on_queue(self, backlog: int | None, pending: int | None) -> None:
+        """The group's backlog (XINFO lag) and pending count, as last read (None: not known, left as it was)."""
+        if backlog is not None:
+            self.queue_size.set(backlog)
+        if pending is not None:
+            self.queue_pending.set(pending)
 
     def on_run(self, stats: Any, split_retries: int) -> None:
         """Passes added up (a window's, an RQ batch's ``RunStats``): tokens read, computed and reused; tickets
