@@ -344,3 +344,87 @@ def test_host_costs_times_every_stage_of_real_windows(tiny_model_dir, redis_url)
     assert "tickets/s on this host" in host_costs.report(res) and res["cpu_us_per_ticket"] > 0
     assert res["namespace"].startswith("triage-hostcosts:")
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=res["namespace"] + "*"))
+
+
+def _bench_args(tiny_model_dir, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--gemm-tokens",
+        "32",
+        "--json",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def test_truncation_off_drops_over_long_tickets_once_and_says_so(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """TRIAGE_TRUNCATE=false: the worker dead-letters tickets over the limit, so the bench leaves them out of every
+    mode (not a traceback) and the workload section says how many and why."""
+    monkeypatch.setenv("TRIAGE_TRUNCATE", "false")
+    monkeypatch.setenv("TRIAGE_MAX_INPUT_TOKENS", "40")
+    texts = ["refund please", "word " * 120, "the app crashes", "my parcel is lost", "very long " * 80, "hi"]
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "b.json"
+    assert cli.main(_bench_args(tiny_model_dir, out, "--input", str(src), "--modes", "1,3,5", "--prompt", "both")) == 0
+    doc = json.loads(out.read_text())
+    wl = doc["workload"]
+    assert wl["n"] == 4 and wl["dropped"] == 2 and doc["settings"]["truncate"] is False
+    assert wl["dropped_reasons"] == {"over the 40-token limit (truncation is off)": 2}
+    assert wl["text_tokens"]["max"] <= 40 and wl["truncated"] == 0
+    for run in doc["runs"]:  # every mode of every prompt ran the same 4 tickets
+        assert len(run["suffix_tokens"]) == 4
+        assert all(m["items"] == 4 and m["label_agreement"] == 1.0 for m in run["modes"])
+    assert "2 more tickets dropped from every mode, as the worker would dead-letter them" in capsys.readouterr().out
+    # nothing left to time: one line, exit 2
+    src.write_text("".join(json.dumps({"text": "long " * 100}) + "\n" for _ in range(3)))
+    assert cli.main(_bench_args(tiny_model_dir, tmp_path / "none.json", "--input", str(src), "--modes", "5")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("triage-bench: all 3 tickets would be dead-lettered") and "Traceback" not in err
+
+
+def test_mode5_runs_the_workers_prefix_cache_setting(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Mode 5 is what the worker runs: with TRIAGE_PREFIX_CACHE=false it recomputes the prefix too (mode 4 stays
+    the no-cache baseline either way)."""
+    monkeypatch.setenv("TRIAGE_PREFIX_CACHE", "false")
+    out = tmp_path / "b.json"
+    assert cli.main(_bench_args(tiny_model_dir, out, "--n", "4", "--modes", "1,4,5")) == 0
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["prefix_cache"] is False
+    (run,) = doc["runs"]
+    modes = {m["key"]: m for m in run["modes"]}
+    m4, m5 = modes["bucketed"], modes["bucketed_cached"]
+    assert m5["prefix_cache"] is False and m5["title"] == "5 buckets, prefix cache off"
+    assert m5["tokens"]["prefix_recomputed"] == 4 * run["prefix_tokens"] > 0
+    assert m5["tokens"]["real"] == m5["tokens"]["work"] + 4 * run["prefix_tokens"]
+    assert m4["prefix_cache"] is False and m4["title"] == "4 length buckets, no cache"
+    assert m5["label_agreement"] == 1.0
+    assert "prefix cache off (TRIAGE_PREFIX_CACHE=false)" in capsys.readouterr().out
+    # the default: mode 5 keeps the cache
+    monkeypatch.delenv("TRIAGE_PREFIX_CACHE")
+    assert cli.main(_bench_args(tiny_model_dir, out, "--n", "4", "--modes", "5")) == 0
+    m5 = json.loads(out.read_text())["runs"][0]["modes"][0]
+    assert m5["prefix_cache"] is True and m5["tokens"]["prefix_recomputed"] == 0
+    assert m5["title"] == "5 length buckets + prefix cache"
+
+
+def test_mode6_is_compared_with_a_mode5_of_the_same_prefix_cache_setting(
+    tiny_model_dir, redis_url, tmp_path, monkeypatch
+):
+    """vs_mode5 divides the Redis worker's items/s by mode 5's: both run TRIAGE_PREFIX_CACHE=false here."""
+    monkeypatch.setenv("TRIAGE_PREFIX_CACHE", "false")
+    out = tmp_path / "b.json"
+    args = _bench_args(tiny_model_dir, out, "--n", "3", "--modes", "5", "--redis", "--redis-url", redis_url)
+    assert cli.main(args) == 0
+    doc = json.loads(out.read_text())
+    red, m5 = doc["redis"], doc["runs"][0]["modes"][0]
+    assert red.get("error") is None, red.get("error")
+    assert red["prefix_cache"] is False and m5["prefix_cache"] is False
+    assert red["vs_mode5"] == pytest.approx(red["items_per_s"] / m5["items_per_s"])
+    assert red["agreement"]["bucketed_cached"]["label_agreement"] == 1.0

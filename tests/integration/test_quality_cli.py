@@ -12,7 +12,8 @@ import pytest
 
 from worker.assemble import build_classifier
 from worker.cli import main
-from worker.engine.task import load_task_file
+from worker.engine.task import default_task, load_task_file
+from worker.quality import data as quality_data
 from worker.quality.head import Head, HeadMismatch
 from worker.settings import Settings
 
@@ -131,6 +132,87 @@ def test_eval_rejects_missing_files_and_unknown_labels(tiny_env, tmp_path, capsy
     monkeypatch.setenv("TRIAGE_LABELS", "billing,other")
     assert main(["eval", "--input", str(data)]) == 2
     assert "labels the task does not know: ['greeting']" in capsys.readouterr().err
+
+
+def test_eval_on_a_sample_lacking_a_label_scores_the_configured_task_whole(tiny_env, tmp_path, capsys):
+    """A small --limit (no 'shipping' ticket in it) still measures the worker's task: its 5 labels, descriptions
+    and examples, and the head the worker fits on them at start-up -- not a 4-label task without either."""
+    sample = quality_data.subsample(quality_data.load_labelled(TICKETS, split="test"), 10, 0)
+    assert "shipping" not in {r.label for r in sample}  # the premise
+    out = tmp_path / "eval.json"
+    args = ["eval", "--input", str(TICKETS), "--split", "test", "--limit", "10", "--variants", "task,head"]
+    args += ["--calibration", "none", "--pooling", "mean", "--head-methods", "centroid", "--no-progress"]
+    assert main([*args, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    task = default_task()
+    assert report["labels"] == list(task.labels) and report["n_test"] == 10
+    assert report["passes"]["task"]["examples"] == len(task.examples) > 0
+    assert report["worker_default"] == "head on task examples centroid/mean"  # measured: the worker's own scorer
+    for m in report["methods"]:
+        assert set(m["per_label"]) == set(task.labels) and sum(map(sum, m["confusion"])) == 10
+    assert "worker default: head on task examples centroid/mean" in capsys.readouterr().out
+
+
+def test_eval_names_the_worker_default_only_when_exactly_that_was_measured(tiny_env, tmp_path, capsys, monkeypatch):
+    """TRIAGE_SCORER=prompt runs the task uncalibrated: 'task', never 'task +prior' because it was listed first;
+    with TRIAGE_CALIBRATION=contextual 'task +contextual'; when the run left it out, not measured."""
+    monkeypatch.setenv("TRIAGE_SCORER", "prompt")
+    out = tmp_path / "eval.json"
+    base = ["eval", "--input", str(TICKETS), "--split", "test", "--limit", "5", "--variants", "task", "--no-progress"]
+    base += ["--cache-dir", str(tmp_path / "passes"), "--json", str(out)]
+
+    def default(calibrations: str) -> str | None:
+        assert main([*base, "--calibration", calibrations]) == 0
+        report = json.loads(out.read_text())
+        assert {m["name"] for m in report["methods"]} >= {"task +prior"}
+        return report["worker_default"]
+
+    assert default("prior,none,contextual") == "task"
+    monkeypatch.setenv("TRIAGE_CALIBRATION", "contextual")
+    assert default("prior,none,contextual") == "task +contextual"
+    capsys.readouterr()
+    assert default("prior,none") is None  # the worker's contextual calibration was not in this run
+    stdout = capsys.readouterr().out
+    assert "worker default: not measured (the worker runs prompt 'task', calibration contextual)" in stdout
+    assert json.loads(out.read_text())["worker_runs"] == "prompt 'task', calibration contextual"
+
+
+def test_fit_and_eval_refuse_training_data_without_a_task_label_in_one_line(tiny_env, tmp_path, capsys):
+    """A head needs a ticket per label of the task: fit and eval say which are missing and exit 2 (no traceback),
+    before loading the model; with --fine-labels, a coarse label no fine label maps to."""
+    no_shipping = tmp_path / "no_shipping.jsonl"
+    lines = [line for line in TICKETS.read_text().splitlines() if '"shipping"' not in line]
+    no_shipping.write_text("\n".join(lines) + "\n")
+    assert main(["fit", "--input", str(no_shipping), "--split", "train", "--out", str(tmp_path / "h.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("fit: ") and err.count("\n") == 1 and "has no tickets for the task's labels ['shipping']" in err
+    )
+    assert not (tmp_path / "h.safetensors").exists()
+    args = ["eval", "--input", str(TICKETS), "--split", "test", "--train", str(no_shipping), "--train-split", "train"]
+    assert main([*args, "--variants", "head", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eval: --train ") and err.count("\n") == 1 and "labels ['shipping']" in err
+    # fine labels: no intent maps to 'shipping'
+    fine, mapping = _fine_files(tmp_path)
+    fine.write_text("\n".join(line for line in fine.read_text().splitlines() if "lost_parcel" not in line))
+    fit = ["fit", "--input", str(fine), "--label-map", str(mapping), "--fine-labels", "--out", str(tmp_path / "f.st")]
+    assert main([*fit, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fit: ") and err.count("\n") == 1 and "['shipping']" in err
+    args = ["eval", "--input", str(fine), "--train", str(fine), "--label-map", str(mapping), "--fine-labels"]
+    assert main([*args, "--variants", "head", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eval: ") and err.count("\n") == 1 and "['shipping']" in err
+
+
+def test_eval_and_fit_refuse_a_row_whose_text_is_not_a_string(tiny_env, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "refund please", "label": "billing"}\n{"text": null, "label": "other"}\n')
+    assert main(["eval", "--input", str(bad), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"eval: {bad}: row 2: 'text' must be a string, got null\n"
+    assert main(["fit", "--input", str(bad), "--out", str(tmp_path / "h.safetensors")]) == 2
+    assert capsys.readouterr().err == f"fit: {bad}: row 2: 'text' must be a string, got null\n"
 
 
 def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys, monkeypatch):

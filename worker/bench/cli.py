@@ -191,11 +191,17 @@ def _run(
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
     clfs = build_classifiers(settings, wl.prompt_tasks(task_from_settings(settings), args.prompt))
     first = clfs[0][1]
+    requested = wk.n
+    # the tokenizer is shared: one tokenization describes the workload (less what the worker would dead-letter)
+    wk, items, dropped = wl.without_invalid(wk, first)
+    if not wk.texts:
+        why = "; ".join(f"{k} x{v}" for k, v in dropped.items())
+        print(f"triage-bench: all {requested} tickets would be dead-lettered ({why}): nothing to time", file=sys.stderr)
+        return 2
     shape = ModelShape.from_model(first.model)
     gemm = measure_gemm(
         shape, first.device, first.model.dtype, args.gemm_tokens or (8192 if first.device.type == "cuda" else 512)
     )
-    items = first.prepare_valid(list(wk.texts))  # the tokenizer is shared: one tokenization describes the workload
     doc = {
         "schema": report.SCHEMA,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -218,6 +224,8 @@ def _run(
             "words": wl.length_summary([len(t.split()) for t in wk.texts]),
             "text_tokens": wl.length_summary([p.n_text_tokens for p in items]),
             "truncated": sum(p.truncated for p in items),
+            "dropped": requested - wk.n,  # refused before any mode ran (TRIAGE_TRUNCATE=false: over the limit)
+            "dropped_reasons": dropped,
         },
         "gemm": gemm.as_dict(),
         "runs": [],

@@ -24,7 +24,7 @@ from worker.engine import bucketing
 class ModeSpec:
     key: str
     title: str
-    cached: bool  # shared prefix KV cache on
+    cached: bool | None  # shared prefix KV cache on; None = what the worker runs (TRIAGE_PREFIX_CACHE)
     global_pad: bool = False  # pad every batch to the longest ticket of the whole set
     attention: str | None = "padded"  # baselines run padded; None = what the worker runs (the classifier's)
 
@@ -34,13 +34,22 @@ MODES: dict[str, ModeSpec] = {
     "global_pad": ModeSpec("global_pad", "2 arrival, pad to global max", cached=False, global_pad=True),
     "arrival": ModeSpec("arrival", "3 arrival, pad to batch max", cached=False),
     "bucketed": ModeSpec("bucketed", "4 length buckets, no cache", cached=False),
-    "bucketed_cached": ModeSpec("bucketed_cached", "5 length buckets + prefix cache", cached=True, attention=None),
+    # mode 5: the worker's own passes, attention and prefix cache (the key names the default, cache on)
+    "bucketed_cached": ModeSpec("bucketed_cached", "5 length buckets + prefix cache", cached=None, attention=None),
 }
 MODE_ORDER = tuple(MODES)
 PACKED_TITLE = "5 packed + shared prefix"  # mode 5's title when the worker's attention is packed
+NO_CACHE_TITLES = {"padded": "5 buckets, prefix cache off", "packed": "5 packed, prefix cache off"}  # mode 5's
+
+
+def cached(spec: ModeSpec, clf) -> bool:
+    """Whether ``spec`` runs with the shared prefix cache: its own choice, or (mode 5) the worker's setting."""
+    return clf.options.prefix_cache if spec.cached is None else spec.cached
 
 
 def title(spec: ModeSpec, clf) -> str:
+    if spec.attention is None and not cached(spec, clf):  # TRIAGE_PREFIX_CACHE=false: mode 5 runs without it too
+        return NO_CACHE_TITLES[clf.attention]
     if spec.attention is None and clf.attention == "packed":
         return PACKED_TITLE
     return spec.title
@@ -80,10 +89,10 @@ def plan(
     """The passes (indices into ``items``; lengths = cost lengths) and the pad-to width for a mode.
 
     Mode 5 is planned exactly as the worker plans (``clf.plan``: packed or padded, the classifier's
-    caps) over every ticket; the sequential mode runs only the first ``sequential_n`` tickets and
-    modes 2-4 the first ``baseline_n`` when those are given (a large GPU workload).
+    caps, its prefix cache setting) over every ticket; the sequential mode runs only the first
+    ``sequential_n`` tickets and modes 2-4 the first ``baseline_n`` when those are given (a large GPU workload).
     """
-    lengths = [clf.cost_length(p, spec.cached) for p in items]
+    lengths = [clf.cost_length(p, cached(spec, clf)) for p in items]
     if spec.key == "sequential":
         return [bucketing.Pass((i,), (n,)) for i, n in enumerate(lengths[:sequential_n])], None
     if spec.attention is not None:
@@ -91,7 +100,7 @@ def plan(
     if spec.key in ("global_pad", "arrival"):
         return bucketing.plan_arrival_order(lengths, fixed_batch), (max(lengths) if spec.global_pad else None)
     if spec.attention is None:
-        return clf.plan(items, spec.cached), None
+        return clf.plan(items, cached(spec, clf)), None
     o = clf.options
     return bucketing.plan_passes(lengths, o.pass_max_items, o.pass_max_tokens, o.pass_overhead_tokens), None
 
@@ -155,7 +164,7 @@ def start(clf, items: Sequence, spec: ModeSpec, passes: list[bucketing.Pass], pa
     run = ModeRun(
         spec.key,
         title(spec, clf),
-        spec.cached,
+        cached(spec, clf),
         pad_to,
         passes,
         preds=[None] * len(items),
@@ -168,7 +177,7 @@ def start(clf, items: Sequence, spec: ModeSpec, passes: list[bucketing.Pass], pa
     run.item_batch_s = [0.0] * len(items)
     run.work_lengths = [len(items[i].ids) for i in ran]
     run.work_tokens = sum(run.work_lengths)
-    run.prefix_tokens_recomputed = 0 if spec.cached else clf.prefix_length * len(ran)
+    run.prefix_tokens_recomputed = 0 if run.cached else clf.prefix_length * len(ran)
     return run
 
 
@@ -228,7 +237,7 @@ def run_sweep(
     where throughput saturates. One run per grid point, in grid order; and what the CUDA-graph warm-up
     of their shapes cost (``warm_graphs``; None without graphs)."""
     spec = MODES["bucketed_cached"]
-    lengths = [clf.cost_length(p, True) for p in items]
+    lengths = [clf.cost_length(p, cached(spec, clf)) for p in items]
 
     def planned(max_items: int, max_tokens: int) -> list[bucketing.Pass]:
         if clf.attention == "packed":
@@ -247,7 +256,7 @@ def warm_up(clf, items: Sequence) -> dict | None:
     clf.classify(list(items[:2]), prefix_cache=True)
     clf.classify(list(items[:1]), prefix_cache=False)
     clf.classify(list(items[:1]), prefix_cache=False, attention="padded")
-    return warm_graphs(clf, items, [clf.plan(items, True)])
+    return warm_graphs(clf, items, [clf.plan(items, cached(MODES["bucketed_cached"], clf))])
 
 
 def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]]) -> dict | None:
@@ -263,9 +272,10 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
     from worker.engine.graphs import shape_for
     from worker.engine.packed import Layout
 
+    carried = 0 if clf.use_prefix_cache else clf.prefix_length  # without the cache each row carries the prefix
     shapes: dict = {}
     for passes in plans:
         for b in passes:
-            shapes.setdefault(shape_for(Layout.build([len(items[i].ids) for i in b.indices])), b)
+            shapes.setdefault(shape_for(Layout.build([len(items[i].ids) + carried for i in b.indices])), b)
     wall_s = capture_plan(clf, items, list(shapes.values()))  # one pass per shape: captured now, not when it returns
     return {"wall_s": wall_s, "passes": len(shapes), **(clf.graph_stats() or {})}

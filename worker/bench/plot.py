@@ -72,7 +72,7 @@ def _short(title: str) -> str:
         "2": "2 pad global",
         "3": "3 arrival",
         "4": "4 buckets",
-        "5": "5 buckets\n+cache",
+        "5": "5 buckets\ncache off" if "cache off" in title else "5 buckets\n+cache",
         "6": "6 redis\nworker",
     }.get(title.split()[0], title)
 

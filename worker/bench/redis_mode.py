@@ -32,7 +32,12 @@ def run_redis(
     ns = namespace or f"triage-bench:{uuid.uuid4().hex[:10]}:"
     env = redis_worker_env(settings, ns, dtype_name)
     client = redis.Redis.from_url(settings.redis_url)
-    out: dict = {"namespace": ns, "items": len(texts), "window_target_s": settings.window_target_s}
+    out: dict = {
+        "namespace": ns,
+        "items": len(texts),
+        "window_target_s": settings.window_target_s,
+        "prefix_cache": settings.prefix_cache,  # the worker's TRIAGE_PREFIX_CACHE: mode 5 runs the same (vs_mode5)
+    }
     try:
         t0 = time.perf_counter()
         pipe = client.pipeline(transaction=False)

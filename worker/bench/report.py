@@ -233,7 +233,7 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         f"text tokens p50 {workload['text_tokens'].get('p50')} "
         f"p90 {workload['text_tokens'].get('p90')} p99 {workload['text_tokens'].get('p99')} "
         f"max {workload['text_tokens'].get('max')} "
-        f"(truncated at {settings['max_input_tokens']}: {workload['truncated']})",
+        f"(truncated at {settings['max_input_tokens']}: {workload['truncated']}){_dropped(workload)}",
         f"passes   : pass_max_items {settings['pass_max_items']}, pass_max_tokens {settings['pass_max_tokens']}, "
         f"overhead {settings['pass_overhead_tokens']} tokens{_measured(settings)} "
         f"(modes 4-6; mode 6 windows of {_windows(settings)}); "
@@ -243,7 +243,9 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
         lines.append(
             f"engine   : mode 5 attention {settings['attention']} (kernel {settings.get('attention_kernel')}, "
             f"CUDA graphs "
-            f"{'on' if settings.get('cuda_graphs') else 'off'}), caps {settings.get('engine_pass_max_items')} items / "
+            f"{'on' if settings.get('cuda_graphs') else 'off'}), "
+            f"prefix cache {'on' if settings.get('prefix_cache', True) else 'off (TRIAGE_PREFIX_CACHE=false)'}, "
+            f"caps {settings.get('engine_pass_max_items')} items / "
             f"{settings.get('engine_pass_max_tokens')} tokens; modes 1-4 padded"
             + (f"; mode 1 on the first {settings['sequential_n']} tickets" if settings.get("sequential_n") else "")
             + (f"; modes 2-4 on the first {settings['baseline_n']}" if settings.get("baseline_n") else "")
@@ -263,6 +265,17 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
             else f"load     : {hw['load_avg_1m']}"
         )
     return "\n".join(lines)
+
+
+def _dropped(workload: dict) -> str:
+    """The tickets left out of every mode, and why (``workload.without_invalid``); "" when none were."""
+    if not workload.get("dropped"):
+        return ""
+    why = "; ".join(f"{k} x{v}" for k, v in (workload.get("dropped_reasons") or {}).items())
+    return (
+        f"\n           {workload['dropped']} more tickets dropped from every mode, "
+        f"as the worker would dead-letter them: {why}"
+    )
 
 
 def _threads_note(hw: dict) -> str:
@@ -336,6 +349,7 @@ def run_settings(
         "window_target_s": settings.window_target_s,
         "fixed_batch_items": fixed_batch,
         "max_input_tokens": settings.max_input_tokens,
+        "truncate": settings.truncate,  # false: tickets over max_input_tokens are dropped (workload.dropped)
         "scorer": clf.scorer.kind,
         "prefix_cache": settings.prefix_cache,
         "attention": clf.attention,

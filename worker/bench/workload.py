@@ -7,10 +7,12 @@ agreement compare like with like.
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.engine.types import percentile
+from worker.engine.types import InvalidTicket, percentile
 from worker.ticket_files import read_tickets
 
 PROMPTS = ("few-shot", "zero-shot")
@@ -58,6 +60,22 @@ def from_file(path: str | Path, n: int | None, seed: int = 0) -> Workload:
 def _read_rows(path: Path) -> list[dict]:
     """The file's rows with a non-empty text (the worker would dead-letter the others: nothing to time)."""
     return [r for r in read_tickets(path) if isinstance(r.get("text"), str) and r["text"].strip()]
+
+
+def without_invalid(wk: Workload, clf) -> tuple[Workload, list, dict[str, int]]:
+    """``wk`` less the tickets ``clf`` refuses (``Classifier.prepare``: with ``TRIAGE_TRUNCATE=false`` those over the
+    token limit, which the worker would dead-letter), the kept tickets prepared, and how many were dropped, by reason.
+
+    Dropped once, before any mode runs, so every mode (and mode 6's worker) runs the same tickets; every prompt's
+    classifier shares ``clf``'s tokenizer and limit."""
+    prepared = clf.prepare(list(wk.texts))
+    bad = [(i, p) for i, p in enumerate(prepared) if isinstance(p, InvalidTicket)]
+    reasons = {i: re.sub(r"^ticket is \d+ tokens, ", "", str(p)) for i, p in bad}  # one reason per limit
+    if not reasons:
+        return wk, prepared, {}
+    keep = [i for i in range(wk.n) if i not in reasons]
+    kept = Workload(wk.source, tuple(wk.texts[i] for i in keep), tuple(wk.labels[i] for i in keep))
+    return kept, [prepared[i] for i in keep], dict(Counter(reasons.values()))
 
 
 def prompt_tasks(base_task, prompt: str) -> list[tuple[str, object]]:

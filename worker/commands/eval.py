@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
                 for e in pick_examples(train, args.train_per_label, args.seed, max_chars=None)
             ]
         base, descriptions = _base_task(settings, test, train_src.rows if train_src else None, test_src)
+        if train and "head" in args.variants:  # heads are fitted on --train: every label needs a ticket
+            coarse = [data.Labelled(r.text, groups[r.label]) for r in train] if groups else train
+            data.require_every_label(base.labels, coarse, f"--train {train_src.description}")
     except (data.DataError, ValueError, OSError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
@@ -164,7 +167,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _base_task(settings, test, train, src):
-    """The configured task when it covers the data's labels, else a task over the data's labels."""
+    """The configured task when it covers the data's labels, else a task over the data's labels.
+
+    Covers: every label of the test sample and the training file is one of the task's. A sample that lacks some
+    of them (a small --limit, a file without one label) still gets the configured task whole -- its labels,
+    descriptions and examples, the worker's prompt and shipped head -- and is scored over all of its labels.
+    Only data with labels the built-in task lacks (CLINC150, BANKING77) gets a task over the data's labels
+    (descriptions from the label map, or the built-in ones for the labels it shares; no examples); with
+    TRIAGE_TASK_FILE / TRIAGE_LABELS set such data is an error.
+    """
     from worker.assemble import task_from_settings
     from worker.engine.task import DEFAULT_LABELS, Task
     from worker.quality import data
@@ -177,7 +188,7 @@ def _base_task(settings, test, train, src):
         if unknown:
             raise ValueError(f"the data has labels the task does not know: {unknown}")
         return task, descriptions
-    if seen == set(task.labels):
+    if seen <= set(task.labels):
         return task, descriptions
     labels = data.label_order(test, train or [], preferred=list(DEFAULT_LABELS))
     known = {lab: DEFAULT_LABELS[lab] for lab in labels if lab in DEFAULT_LABELS}
@@ -220,11 +231,8 @@ def _print_table(report: dict) -> None:
             f"ECE {c['ece']:.3f} ({c['repeats']}x)",
             file=out,
         )
-    print(
-        f"best: {report['best']}   worker default: {report['worker_default'] or '(not measured)'}   "
-        f"({report['wall_s']} s)",
-        file=out,
-    )
+    default = report["worker_default"] or f"not measured (the worker runs {report.get('worker_runs')})"
+    print(f"best: {report['best']}   worker default: {default}   ({report['wall_s']} s)", file=out)
 
 
 def _per(report: dict) -> str:

@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         if args.fine_labels and not source.label_map:
             raise ValueError("--fine-labels needs a label map (--label-map, or a named set like clinc150-domains)")
         task = _task_for(task_from_settings(settings), rows, settings, args.examples_out is not None)
+        if args.out:  # with --fine-labels: a task label no fine label maps to has no rows here either
+            data.require_every_label(task.labels, rows, source.description)
     except (data.DataError, ValueError, OSError) as e:
         print(f"fit: {e}", file=sys.stderr)
         return 2

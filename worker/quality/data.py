@@ -56,7 +56,12 @@ def load_labelled(
     label_map: dict[str, str] | None = None,
     split: str | None = None,
 ) -> list[Labelled]:
-    """Rows with non-empty text and a label. Unmapped labels pass through (CLINC's ``oos``)."""
+    """Rows with non-empty text and a label. Unmapped labels pass through (CLINC's ``oos``).
+
+    A row with blank text is skipped (nothing to classify); a row without a label, or whose text is not a string
+    (``null``, a number; a CSV row cut short), is a ``DataError`` naming the file and row: a broken export, not a
+    ticket to drop quietly or to read as the text "None".
+    """
     rows = read_tickets(path)
     out = []
     for n, row in enumerate(rows, 1):
@@ -66,7 +71,10 @@ def load_labelled(
             raise DataError(f"{path}: row {n} has no {label_field!r}")
         label = str(row[label_field])
         label = label_map.get(label, label) if label_map else label
-        text = str(row["text"])
+        text = row["text"]
+        if not isinstance(text, str):
+            got = "null" if text is None else type(text).__name__
+            raise DataError(f"{path}: row {n}: 'text' must be a string, got {got}")
         if text.strip():
             out.append(Labelled(text, label))
     if not out:
@@ -126,6 +134,19 @@ def subsample(rows: Sequence[Labelled], n: int | None, seed: int = 0) -> list[La
         return list(rows)
     keep = sorted(random.Random(seed).sample(range(len(rows)), n))
     return [rows[i] for i in keep]
+
+
+def require_every_label(labels: Sequence[str], rows: Sequence[Labelled], what: str) -> None:
+    """``DataError`` unless every one of ``labels`` has a row: a head is fitted on one or more tickets per label
+    (``head.fit_head``); said before any model is loaded, in one line."""
+    have = {r.label for r in rows}
+    missing = [lab for lab in labels if lab not in have]
+    if missing:
+        raise DataError(
+            f"{what} has no tickets for the task's labels {missing[:10]}{' ...' if len(missing) > 10 else ''}: "
+            "a head needs at least one per label (add some, or set TRIAGE_LABELS / TRIAGE_TASK_FILE to the labels "
+            "the data has)"
+        )
 
 
 def label_order(*row_sets: Sequence[Labelled], preferred: Sequence[str] = ()) -> list[str]:
