@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
             if e.name == path:  # command not built yet
                 continue
             raise
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.__doc__)
+        # the module's docstring as written: its example command lines stay one per line
+        p = sub.add_parser(
+            mod.NAME, help=mod.HELP, description=mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -27,6 +27,15 @@ def test_version_flags():
         assert r.returncode == 0 and r.stdout.startswith(f"{prog} 0.") and "Python" in r.stdout, r
 
 
+def test_a_commands_help_keeps_its_example_lines_one_per_line(capsys):
+    from worker.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["fit", "--help"])
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "triage-worker fit --input TRAIN --out head.safetensors          # head for the configured task" in lines
+
+
 def test_verify_reports_progress_as_log_lines_when_stderr_is_not_a_terminal(triage_env):
     r = run_cli(triage_env, "verify", "--input", str(TICKETS), "--limit", "12", "--dtype", "fp32", timeout_s=300)
     assert r.returncode in (0, 1), r.stderr  # 1 = a verification failure, still a finished run
@@ -235,3 +244,24 @@ def test_healthcheck_ready_and_keys_under_the_prefix_that_are_no_workers_heartbe
 def test_status_refuses_a_window_it_cannot_read_in_one_line(triage_env, window_s):
     r = run_cli(triage_env, "status", "--json", "--window-s", window_s)
     assert r.returncode == 2 and "--window-s in (0, 604800]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_status_names_a_stream_key_of_another_type_as_a_configuration_error(triage_env, redis_url):
+    """A key of the wrong type used to read as "cannot read Redis" (exit 1, the code for Redis unreachable), or for
+    the input stream as no stream at all; it is a setting pointing at the wrong key: exit 2, naming the setting."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    ok = run_cli(triage_env, "status", "--json")
+    assert ok.returncode == 0, ok.stderr
+    for var in ("TRIAGE_RESULTS_STREAM", "TRIAGE_INPUT_STREAM"):
+        client.set(triage_env[var], "not a stream")
+        for args in (["status"], ["status", "--watch", "--count", "2", "--interval-s", "0.1"]):
+            r = run_cli(triage_env, *args)
+            lines = [x for x in r.stderr.splitlines() if x.strip()]
+            assert r.returncode == 2 and len(lines) == 1 and "cannot read Redis" not in r.stderr, (args, r.stderr)
+            assert lines[0] == (
+                f"triage-worker status: {var}: the key {triage_env[var]!r} holds a Redis string, not a stream; "
+                f"rename it or point {var} elsewhere"
+            )
+        client.delete(triage_env[var])
