@@ -93,7 +93,9 @@ class PrometheusMetrics(Metrics):
 
     enabled = True
 
-    def __init__(self, registry: Any = None):
+    def __init__(self, registry: Any = None, *, windows: bool = True):
+        """``windows=False``: no window and queue series (the RQ batch worker): a series that never moves would read
+        as a stalled worker to ``time() - triage_last_window_timestamp_seconds``."""
         from prometheus_client import (
             CollectorRegistry,
             Counter,
@@ -142,47 +144,49 @@ class PrometheusMetrics(Metrics):
         self.batch_inference_duration = histogram(
             "triage_batch_inference_duration_seconds", "Model time of one forward pass.", buckets=DURATION_BUCKETS_S
         )
-        # --- windows = one drain of the stream --------------------------------------------
-        self.window_size = histogram(
-            "triage_window_size", "Entries settled per window (one drain of the stream).", buckets=SIZE_BUCKETS
-        )
-        self.window_entries = counter(
-            "triage_window_entries",
-            "Entries settled, by how they were read (new, pending = own re-read, claimed = XAUTOCLAIM).",
-            ["source"],
-        )
-        for s in SOURCES:
-            self.window_entries.labels(s)
-        self.window_read = stage(
-            "triage_window_read_duration_seconds",
-            "reading from Redis (includes waiting up to TRIAGE_MAX_WAIT_MS to fill).",
-        )
-        self.window_tokenize = stage("triage_window_tokenization_duration_seconds", "parsing and tokenizing.")
-        self.window_infer = stage("triage_window_inference_duration_seconds", "in the model (all its passes).")
-        self.window_write = stage(
-            "triage_window_write_duration_seconds", "building records and in the MULTI/EXEC write + ack."
-        )
         self.real_tokens = counter("triage_real_tokens", "Ticket tokens the model had to read (no padding).")
         self.padded_tokens = counter("triage_padded_tokens", "Tokens computed, padding included (>= real tokens).")
         self.prefix_tokens_reused = counter(
             "triage_prefix_tokens_reused", "Prompt-prefix tokens served from the KV cache instead of recomputed."
         )
         self.split_retries = counter("triage_split_retries", "Tickets re-run alone after their pass failed.")
-        self.windows_first_pass_early = counter(
-            "triage_windows_first_pass_early",
-            "Windows whose first pass was queued while the window before finished (lookahead across windows).",
-        )
-        self.last_window = gauge("triage_last_window_timestamp_seconds", "Unix time the last window was written.")
-        # --- queue (TEI: te_queue_size), worker --------------------------------------------
-        self.queue_size = gauge(
-            "triage_queue_size",
-            "Entries not yet delivered to the group (XINFO GROUPS lag), "
-            "as seen by this worker at its last read; the same for every worker of the group.",
-        )
-        self.queue_pending = gauge(
-            "triage_queue_pending",
-            "Entries delivered and not yet acked, whole group, as seen by this worker at its last read.",
-        )
+        self.windows = windows
+        if windows:  # the stream worker's: windows and the group's queue (the RQ batch worker has neither)
+            # --- windows = one drain of the stream --------------------------------------------
+            self.window_size = histogram(
+                "triage_window_size", "Entries settled per window (one drain of the stream).", buckets=SIZE_BUCKETS
+            )
+            self.window_entries = counter(
+                "triage_window_entries",
+                "Entries settled, by how they were read (new, pending = own re-read, claimed = XAUTOCLAIM).",
+                ["source"],
+            )
+            for s in SOURCES:
+                self.window_entries.labels(s)
+            self.window_read = stage(
+                "triage_window_read_duration_seconds",
+                "reading from Redis (includes waiting up to TRIAGE_MAX_WAIT_MS to fill).",
+            )
+            self.window_tokenize = stage("triage_window_tokenization_duration_seconds", "parsing and tokenizing.")
+            self.window_infer = stage("triage_window_inference_duration_seconds", "in the model (all its passes).")
+            self.window_write = stage(
+                "triage_window_write_duration_seconds", "building records and in the MULTI/EXEC write + ack."
+            )
+            self.windows_first_pass_early = counter(
+                "triage_windows_first_pass_early",
+                "Windows whose first pass was queued while the window before finished (lookahead across windows).",
+            )
+            self.last_window = gauge("triage_last_window_timestamp_seconds", "Unix time the last window was written.")
+            # --- queue (TEI: te_queue_size), worker --------------------------------------------
+            self.queue_size = gauge(
+                "triage_queue_size",
+                "Entries not yet delivered to the group (XINFO GROUPS lag), "
+                "as seen by this worker at its last window or heartbeat; the same for every worker of the group.",
+            )
+            self.queue_pending = gauge(
+                "triage_queue_pending",
+                "Entries delivered and not yet acked, whole group, at this worker's last window or heartbeat.",
+            )
         self.reconnects = counter("triage_redis_reconnects", "Redis operations retried after a connection error.")
         self.phase = gauge("triage_worker_phase", "1 for the phase the main loop is in, 0 for the others.", ["phase"])
         self.phase_started = gauge(
@@ -260,6 +264,8 @@ class PrometheusMetrics(Metrics):
 
     def on_window(self, m: Any) -> None:
         """After a window's last write: its ``WindowMetrics`` (the passes added up in ``m.stats``)."""
+        if not self.windows:
+            return
         st, size = m.stats, m.items + m.dead_lettered
         self.window_size.observe(size)
         self.window_entries.labels(m.source).inc(size)
@@ -275,6 +281,8 @@ class PrometheusMetrics(Metrics):
 
     def on_queue(self, backlog: int | None, pending: int | None) -> None:
         """The group's backlog (XINFO lag) and pending count, as last read (None: not known, left as it was)."""
+        if not self.windows:
+            return
         if backlog is not None:
             self.queue_size.set(backlog)
         if pending is not None:
@@ -325,26 +333,26 @@ def current() -> Metrics:
     return _current
 
 
-def start(host: str, port: int) -> Metrics:
+def start(host: str, port: int, *, windows: bool = True) -> Metrics:
     """Serve metrics on ``host:port`` and make them ``current()``; port 0 leaves metrics off.
 
     Raises ``OSError`` when the port cannot be bound: the caller reports it as a configuration error."""
     global _current
     if not port:
         return _current
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(windows=windows)
     metrics.serve(host, port)
     _current = metrics
     return metrics
 
 
-def start_for(settings, log) -> bool:
+def start_for(settings, log, *, windows: bool = True) -> bool:
     """Serve metrics as the worker's settings say (``TRIAGE_METRICS_PORT``, ``TRIAGE_METRICS_HOST``), before the
     model loads (scrapes see phase "starting"); False, after logging why, if the port is unusable (exit 2)."""
     if not settings.metrics_port:
         return True
     try:
-        start(settings.metrics_host, settings.metrics_port)
+        start(settings.metrics_host, settings.metrics_port, windows=windows)
     except OSError as e:
         log.error(
             "metrics_unavailable",

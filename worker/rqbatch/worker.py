@@ -80,7 +80,9 @@ class BatchWorker(BaseWorker):
             for p in problems:
                 self.tlog.error("config_invalid", setting=p.where, error=str(p))
             raise SystemExit(preflight.EXIT_CONFIG)
-        if not prometheus.start_for(self.settings, self.tlog):  # before the model: scrapes see "starting"
+        if not prometheus.start_for(
+            self.settings, self.tlog, windows=False
+        ):  # before the model: scrapes see "starting"
             raise SystemExit(preflight.EXIT_CONFIG)
         if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
             self.tlog.warning(
