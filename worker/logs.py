@@ -44,11 +44,15 @@ def _want_json(fmt: str, stream: TextIO) -> bool:
     return not (isatty and isatty())
 
 
-def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: TextIO | None = None) -> None:
+def configure_logging(
+    fmt: str = "auto", level: str | int = "INFO", stream: TextIO | None = None, static: dict | None = None
+) -> None:
     """Route structlog and stdlib logging to ``stream`` (stderr) through one processor chain.
 
     ``fmt``: "json" (one object per line), "console" (coloured, for people),
-    "auto" (console on a TTY, JSON otherwise). Safe to call again (reconfigures).
+    "auto" (console on a TTY, JSON otherwise). ``static``: fields every line carries unless it
+    sets them itself (the worker's ``consumer``: on the lines of libraries and of every thread
+    too). Safe to call again (reconfigures).
     """
     stream = stream or sys.stderr
     register_env_secrets()  # TRIAGE_REDIS_URL's password is masked even where only its value shows up
@@ -56,8 +60,16 @@ def configure_logging(fmt: str = "auto", level: str | int = "INFO", stream: Text
         level = logging.getLevelName(level.upper())
         if not isinstance(level, int):
             level = logging.INFO
+    fixed = dict(static or {})
+
+    def add_static(_logger: Any, _name: str, event_dict: dict) -> dict:
+        for k, v in fixed.items():
+            event_dict.setdefault(k, v)
+        return event_dict
+
     shared = [
         structlog.contextvars.merge_contextvars,
+        add_static,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -23,7 +23,6 @@ EXIT_CONFIG = 2
 # TRIAGE_ names that are not settings of the worker or producer classes but are legitimately set.
 OTHER_KNOWN_ENV = {
     "TRIAGE_DATA_DIR": "quality data sets directory (worker/quality/data.py)",
-    "TRIAGE_REDIS_PORT": "host port of the compose file's Redis (docker-compose.yml)",
 }
 # Families owned by the test suite and the chaos harness.
 ALLOWED_PREFIXES = ("TRIAGE_TEST_", "TRIAGE_CHAOS_")
@@ -170,25 +169,36 @@ def stream_key_problems(url: str, settings) -> list[Problem]:
     import redis
 
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-    out = []
     try:
-        for var, key in (
-            ("TRIAGE_INPUT_STREAM", settings.input_stream),
-            ("TRIAGE_RESULTS_STREAM", settings.results_stream),
-            ("TRIAGE_DEAD_LETTER_STREAM", settings.dead_letter_stream),
-        ):
-            kind = client.type(key)
-            kind = kind.decode() if isinstance(kind, bytes) else kind
-            if kind not in ("none", "stream"):
-                out.append(
-                    Problem(
-                        var, f"the key {key!r} holds a Redis {kind}, not a stream; rename it or point {var} elsewhere"
-                    )
-                )
+        return stream_type_problems(client, stream_keys(settings))
     except redis.RedisError as e:
-        out.append(Problem("TRIAGE_REDIS_URL", f"cannot read key types: {e}"))
+        return [Problem("TRIAGE_REDIS_URL", f"cannot read key types: {e}")]
     finally:
         client.close()
+
+
+def stream_keys(settings) -> dict[str, str]:
+    """TRIAGE_*_STREAM -> its key."""
+    return {
+        "TRIAGE_INPUT_STREAM": settings.input_stream,
+        "TRIAGE_RESULTS_STREAM": settings.results_stream,
+        "TRIAGE_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+    }
+
+
+def stream_type_problems(client, keys: Mapping[str, str]) -> list[Problem]:
+    """One problem per key (``var -> key``) that holds another Redis type than a stream (absent is fine); one
+    round trip. Raises what the client raises when Redis cannot be read."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys.values():
+        pipe.type(key)
+    out = []
+    for (var, key), kind in zip(keys.items(), pipe.execute()):
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind not in ("none", "stream"):
+            out.append(
+                Problem(var, f"the key {key!r} holds a Redis {kind}, not a stream; rename it or point {var} elsewhere")
+            )
     return out
 
 
@@ -209,26 +219,36 @@ def consumer_holder(url: str, settings) -> dict | str | None:
 
 
 def task_problems(settings) -> list[Problem]:
+    return _task(settings)[1]
+
+
+def _task(settings):
+    """(the task these settings describe, []) or (None, the problem)."""
     from worker.assemble import task_from_settings
     from worker.engine.task import TaskError
 
     try:
-        task_from_settings(settings)
+        return task_from_settings(settings), []
     except TaskError as e:
         where = "TRIAGE_TASK_FILE" if settings.task_file is not None else "TRIAGE_LABELS"
-        return [Problem(where, str(e))]
+        return None, [Problem(where, str(e))]
     except KeyError as e:  # a label of TRIAGE_LABELS etc.; never a bare KeyError for the user
-        return [Problem("TRIAGE_LABELS", f"unknown entry {e}")]
-    return []
+        return None, [Problem("TRIAGE_LABELS", f"unknown entry {e}")]
 
 
-def file_problems(settings) -> list[Problem]:
+def file_problems(settings, *, task: bool = True, head: bool = True) -> list[Problem]:
+    """TRIAGE_TASK_FILE (``task``) and TRIAGE_HEAD_PATH (``head``), when set, must be files (not directories)."""
     out = []
-    if settings.task_file is not None and not settings.task_file.is_file():
-        out.append(Problem("TRIAGE_TASK_FILE", f"no such file: {settings.task_file}"))
-    if getattr(settings, "head_path", None) is not None and not settings.head_path.exists():
-        out.append(Problem("TRIAGE_HEAD_PATH", f"no such file: {settings.head_path}"))
+    if task and settings.task_file is not None and not settings.task_file.is_file():
+        out.append(Problem("TRIAGE_TASK_FILE", _not_a_file(settings.task_file)))
+    head_path = getattr(settings, "head_path", None)
+    if head and head_path is not None and not head_path.is_file():
+        out.append(Problem("TRIAGE_HEAD_PATH", _not_a_file(head_path)))
     return out
+
+
+def _not_a_file(path) -> str:
+    return f"is a directory, not a file: {path}" if path.is_dir() else f"no such file: {path}"
 
 
 KIND_WORDS = {"decoder": "a causal LM", "encoder": "a BERT-family encoder"}
@@ -263,15 +283,112 @@ def backbone_problem(name: str, var: str, *, want: str | None = None, probe_hub:
     return None
 
 
-def scorer_problem(settings) -> Problem | None:
-    """Joined features have no label tokens to score: TRIAGE_ENCODER needs a head, so not TRIAGE_SCORER=prompt."""
-    if settings.encoder and settings.scorer == "prompt":
+def scorer_problem(
+    settings, task=None, *, model_var: str = "TRIAGE_MODEL", encoder_var: str = "TRIAGE_ENCODER"
+) -> Problem | None:
+    """Can the scorer TRIAGE_SCORER asks for work with this model and task? Found from the settings, the task
+    (``task``: None skips what needs it) and the model's config.json, without loading anything. The same rules as
+    ``assemble.choose_scorer``, which applies them again once the model is loaded (a hub model not cached yet has
+    no config to read here)."""
+    from worker.assemble import labels_without_examples, shipped_head_for
+    from worker.engine.sources import ModelNotFound, declared_kind
+
+    if settings.scorer == "head" and settings.head_path is None:
         return Problem(
-            "TRIAGE_ENCODER",
-            "joined features need a head, but TRIAGE_SCORER=prompt scores label tokens only "
-            "(set TRIAGE_SCORER=auto or head, or unset TRIAGE_ENCODER)",
+            "TRIAGE_HEAD_PATH",
+            "is not set, but TRIAGE_SCORER=head needs it: a head fitted by `triage-worker fit` (or TRIAGE_SCORER=auto)",
         )
+    if settings.encoder and settings.scorer == "prompt":  # joined features have no label tokens to score
+        return Problem(
+            encoder_var,
+            "joined features need a head, but TRIAGE_SCORER=prompt scores label tokens only "
+            f"(set TRIAGE_SCORER=auto or head, or {'drop' if encoder_var.startswith('-') else 'unset'} {encoder_var})",
+        )
+    try:
+        kind = declared_kind(settings.model, model_var)
+    except ModelNotFound:
+        return None  # model_problem says why
+    if kind != "encoder" and not settings.encoder:
+        return None  # a causal LM (or a hub model not cached yet): every scorer can work
+    what = (
+        f"{settings.model} ({model_var}) is a BERT-family encoder"
+        if kind == "encoder"
+        else f"joined features ({encoder_var}={settings.encoder})"
+    )
+    if settings.scorer == "prompt":
+        return Problem(
+            "TRIAGE_SCORER",
+            f"prompt needs a causal LM's label tokens; {what} has none "
+            "(use TRIAGE_SCORER=auto or head, with a head fitted by `triage-worker fit`)",
+        )
+    if settings.scorer == "auto" and settings.head_path is None and task is not None:
+        name = settings.model + (f"+{settings.encoder}" if settings.encoder else "")  # assemble's backbone name
+        missing = labels_without_examples(task)
+        if missing and shipped_head_for(name, task) is None:
+            return Problem(
+                "TRIAGE_HEAD_PATH",
+                f"is not set, and {what}: it needs a head. Set TRIAGE_HEAD_PATH (`triage-worker fit`) or give the "
+                f"task an example for every label (none for {missing})",
+            )
     return None
+
+
+STREAM_VARS = ("TRIAGE_INPUT_STREAM", "TRIAGE_RESULTS_STREAM", "TRIAGE_DEAD_LETTER_STREAM")
+_SAME_STREAM_WHY = {
+    ("TRIAGE_INPUT_STREAM", "TRIAGE_RESULTS_STREAM"): "every result would be read back as a ticket",
+    ("TRIAGE_INPUT_STREAM", "TRIAGE_DEAD_LETTER_STREAM"): "every dead letter would be read back as a ticket and "
+    "dead-lettered again, forever",
+    ("TRIAGE_RESULTS_STREAM", "TRIAGE_DEAD_LETTER_STREAM"): "results and dead letters would mix in one stream",
+}
+
+
+def key_name_problems(settings) -> list[Problem]:
+    """The keys the worker writes must not be one another: three different streams, none of them the input's
+    recovery-point key (``<input>:recovery:<group>``) nor under a key prefix (a ticket id or a consumer name would
+    complete it: SET replaces a stream), and neither key prefix inside the other (a ticket id could overwrite a
+    heartbeat; ``status`` would scan every result key)."""
+    from worker.stream.source import recovery_key
+
+    streams = stream_keys(settings)
+    out = []
+    for (a, b), why in _SAME_STREAM_WHY.items():
+        if streams[a] == streams[b]:
+            out.append(Problem(f"{a} / {b}", f"both are {streams[a]!r}: {why}; give the three streams different keys"))
+    recovery = recovery_key(settings.input_stream, settings.group)
+    prefixes = {
+        "TRIAGE_RESULT_KEY_PREFIX": (settings.result_key_prefix, "the latest-result key of a ticket with id"),
+        "TRIAGE_HEARTBEAT_KEY_PREFIX": (settings.heartbeat_key_prefix, "the heartbeat of a worker named"),
+    }
+    for var in STREAM_VARS[1:]:
+        if streams[var] == recovery:
+            out.append(
+                Problem(
+                    f"{var} / TRIAGE_INPUT_STREAM",
+                    f"{recovery!r} is the input stream's recovery-point key (TRIAGE_INPUT_STREAM + ':recovery:' + "
+                    "TRIAGE_GROUP), a string the worker writes; choose another key",
+                )
+            )
+    for var, key in streams.items():
+        for prefix_var, (prefix, whose) in prefixes.items():
+            if key.startswith(prefix):
+                out.append(
+                    Problem(
+                        f"{var} / {prefix_var}",
+                        f"{key!r} starts with {prefix_var} {prefix!r}: {whose} {key[len(prefix) :]!r} would "
+                        "overwrite the stream; choose a key outside the prefix",
+                    )
+                )
+    result_prefix, heartbeat_prefix = settings.result_key_prefix, settings.heartbeat_key_prefix
+    if result_prefix.startswith(heartbeat_prefix) or heartbeat_prefix.startswith(result_prefix):
+        out.append(
+            Problem(
+                "TRIAGE_RESULT_KEY_PREFIX / TRIAGE_HEARTBEAT_KEY_PREFIX",
+                f"{result_prefix!r} and {heartbeat_prefix!r}: one starts with the other, so a ticket id could name a "
+                "worker's heartbeat key (and status would read every result key as a heartbeat); use two prefixes "
+                "neither of which starts with the other",
+            )
+        )
+    return out
 
 
 # ----------------------------------------------------------------- the whole check
@@ -313,13 +430,36 @@ def exit_on(prog: str, problems: list[Problem]) -> None:
         raise SystemExit(EXIT_CONFIG)
 
 
-def worker_problems(settings) -> list[Problem]:
-    """What the stream worker needs besides valid values: its files, its task, its models (not loaded)."""
-    problems = file_problems(settings)
-    if not problems:
-        problems += task_problems(settings)
-    problems += [p for p in (model_problem(settings), encoder_problem(settings), scorer_problem(settings)) if p]
+def classifier_problems(
+    settings, *, names: Mapping[str, str] | None = None, task: bool = True, scorer: bool = True
+) -> list[Problem]:
+    """What building the classifier these settings describe needs, checked without loading anything: (``task``)
+    the task file and the task, the model and the encoder (found, the right kind) and (``scorer``) the head file and
+    a scorer that can work with them. ``names``: the flag or variable that set ``model`` / ``encoder`` (default
+    ``TRIAGE_MODEL`` / ``TRIAGE_ENCODER``). What the offline commands (``verify``; ``eval`` and ``fit`` without
+    ``scorer``: they fit and measure heads) and ``triage-bench`` check before they load a model."""
+    var = {"model": "TRIAGE_MODEL", "encoder": "TRIAGE_ENCODER"} | dict(names or {})
+    problems = file_problems(settings, task=task, head=scorer)
+    the_task = None
+    if task and not any(p.where == "TRIAGE_TASK_FILE" for p in problems):  # a bad head file hides no bad task
+        the_task, found = _task(settings)
+        problems += found
+    backbone = [
+        p
+        for p in (model_problem(settings, var=var["model"]), encoder_problem(settings, var=var["encoder"]))
+        if p is not None
+    ]
+    problems += backbone
+    if scorer and not backbone:
+        found = scorer_problem(settings, the_task, model_var=var["model"], encoder_var=var["encoder"])
+        problems += [found] if found is not None else []
     return problems
+
+
+def worker_problems(settings) -> list[Problem]:
+    """What the stream worker needs besides valid values: its files, its task, its models (not loaded), a scorer
+    that can work with them, and keys that are not one another."""
+    return classifier_problems(settings) + key_name_problems(settings)
 
 
 def log_format_from_env(environ: Mapping[str, str] | None = None) -> str:

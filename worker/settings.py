@@ -37,6 +37,9 @@ def deprecated_env_in_use(environ: Mapping[str, str] | None = None) -> dict[str,
     return {old: new for old, new in DEPRECATED_ENV.items() if old in names}
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "triage"
@@ -61,7 +64,12 @@ class Settings(BaseSettings):
     """Every knob of the worker, engine and its Redis wiring (``TRIAGE_<NAME>``)."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="ignore", protected_namespaces=(), validate_by_name=True
+        # allow_inf_nan=False: every float setting is finite (TRIAGE_RECONNECT_MAX_S=inf would never retry)
+        env_prefix=ENV_PREFIX,
+        extra="ignore",
+        protected_namespaces=(),
+        validate_by_name=True,
+        allow_inf_nan=False,
     )
 
     # --- model / engine -------------------------------------------------
@@ -89,7 +97,7 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where converted GGUF weights are cached.")
     labels: str | None = Field(None, description="Comma-separated label names (overrides the default set).")
     task_file: Path | None = Field(
-        None, description="YAML/JSON task: labels with descriptions, examples, instructions."
+        None, description="YAML/JSON task: labels with descriptions, examples, instructions (empty: unset)."
     )
     max_input_tokens: int = Field(512, ge=1, description="Ticket tokens beyond this are truncated (flagged).")
     truncate: bool = Field(True, description="Truncate long tickets (True) or reject them (False).")
@@ -160,7 +168,7 @@ class Settings(BaseSettings):
         "head_path if set, else the head shipped for the built-in support task and this model (worker/heads), else "
         "a centroid head fitted on the task's examples (one per label needed), else prompt.",
     )
-    head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit`.")
+    head_path: Path | None = Field(None, description="A scorer head fitted by `triage-worker fit` (empty: unset).")
     head_prompt: Literal["labels", "task"] = Field(
         "labels",
         description="Prompt around each ticket when a head scores it: 'labels' = instructions + label names (short, "
@@ -217,7 +225,9 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto = console on a terminal, JSON otherwise."
     )
-    log_level: str = Field("INFO", description="Log level for triage and libraries.")
+    log_level: str = Field(
+        "INFO", description="Log level for triage and libraries: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."
+    )
     log_summary_s: float = Field(30.0, gt=0, description="Period of the summary log line.")
 
     _torch_threads_valid = field_validator("torch_threads")(
@@ -236,6 +246,44 @@ class Settings(BaseSettings):
         if v is None or not v.strip():
             return None
         return v
+
+    @field_validator("task_file", "head_path", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, v):
+        """``TRIAGE_HEAD_PATH=`` (a blank .env line) means unset, as for TRIAGE_LABELS and TRIAGE_ENCODER; it used
+        to become ``Path('.')``, a directory."""
+        if v is None or (isinstance(v, str) and not v.strip()):
+            return None
+        return v
+
+    @field_validator(
+        "model",
+        "input_stream",
+        "results_stream",
+        "dead_letter_stream",
+        "result_key_prefix",
+        "group",
+        "consumer",
+        "heartbeat_key_prefix",
+        "fallback_label",
+    )
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        """Names with a default: empty is a mistake, not "unset" (an empty TRIAGE_RESULT_KEY_PREFIX would let a
+        ticket id name any key; an empty TRIAGE_CONSUMER made the heartbeat key the bare prefix)."""
+        if not v.strip():
+            raise ValueError("must not be empty or blank (unset the variable for the default)")
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, v: str) -> str:
+        level = v.strip().upper()
+        if level == "WARN":
+            level = "WARNING"
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)} (any case)")
+        return level
 
     def label_list(self) -> list[str] | None:
         if self.labels is None:

@@ -67,3 +67,13 @@ def test_first_start_on_the_bundled_model_logs_only_json(triage_env, tmp_path):
     events = [r.get("event", "") for r in recs]
     assert any(e.startswith("converting GGUF once") for e in events), events  # it really was a first start
     assert "worker_stopped" in events and w.stdout_lines == []
+
+
+def test_every_line_of_a_worker_names_its_consumer(triage_env):
+    """Library and engine records too (``triage.assemble``'s scorer line had none): ops filter a pod's lines by it."""
+    env = env_with(triage_env, TRIAGE_CONSUMER="logs-a", TRIAGE_LOG_FORMAT="json")
+    w = start_worker(env, "run", "--drain", ready=False, spawn="exec")  # all of stderr, from interpreter start
+    assert w.wait(timeout_s=300) == 0, w.stderr_tail()
+    recs = _json_lines("\n".join(w.lines))
+    assert {r["logger"] for r in recs} - {"triage.worker"}, "test needs lines of other loggers"
+    assert [r for r in recs if r.get("consumer") != "logs-a"] == []

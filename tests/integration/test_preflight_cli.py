@@ -214,9 +214,143 @@ def test_verify_names_a_scorer_the_model_cannot_run_in_one_line(triage_env, tiny
     r = runs["verify"]
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert lines[0].startswith("triage-worker verify: TRIAGE_SCORER=prompt needs a causal LM's label tokens")
-    # the worker finds it only once the model is loaded: one config_invalid line in its log format, exit 2
+    assert lines[0].startswith("triage-worker verify: TRIAGE_SCORER: prompt needs a causal LM's label tokens")
+    assert f"{tiny_bert_dir} (--model) is a BERT-family encoder" in lines[0]
+    # the worker's preflight finds it from the model's config.json: one config_invalid line, exit 2, nothing loaded
     r = runs["run"]
     recs = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert recs[-1]["event"] == "config_invalid" and "needs a causal LM's label tokens" in recs[-1]["error"]
+    assert [x["event"] for x in recs] == ["config_invalid"] and recs[0]["setting"] == "TRIAGE_SCORER", recs
+    assert "needs a causal LM's label tokens" in recs[0]["error"]
+
+
+# ----------------------------------------------------------------- settings that cannot work together
+def _run_errors(r) -> list[dict]:
+    """``run``'s JSON log lines; it must have stopped at its preflight (nothing but config_invalid)."""
+    recs = [json.loads(x) for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert {x["event"] for x in recs} == {"config_invalid"}, recs  # no worker_starting: no model, no Redis
+    return recs
+
+
+def test_check_reports_a_bad_task_beside_a_missing_head_file(triage_env, tmp_path):
+    """`check` used to skip the task when a file check failed, then load the task itself: a TaskError traceback."""
+    task = tmp_path / "task.yaml"
+    task.write_text("labels:\n  - billing\n")
+    env = env_with(triage_env, TRIAGE_TASK_FILE=task, TRIAGE_HEAD_PATH=tmp_path / "none.safetensors")
+    code, errors, out = _check_errors(run_cli(env, "check", "--no-redis"))
+    assert code == 2 and "Traceback" not in out, errors
+    assert errors == [
+        f"error: TRIAGE_HEAD_PATH: no such file: {tmp_path / 'none.safetensors'}",
+        f"error: TRIAGE_TASK_FILE: {task}: a task needs at least two labels",
+    ]
+
+
+def test_check_and_run_refuse_a_scorer_the_model_cannot_run_before_loading_it(triage_env, tiny_bert_dir, tmp_path):
+    """Each used to pass `check` and fail only once `run` had loaded the model."""
+    cases = {
+        "scorer head, no head": (dict(TRIAGE_SCORER="head"), "TRIAGE_HEAD_PATH", "TRIAGE_SCORER=head needs it"),
+        "encoder, prompt": (
+            dict(TRIAGE_MODEL=tiny_bert_dir, TRIAGE_SCORER="prompt"),
+            "TRIAGE_SCORER",
+            "needs a causal LM's label tokens",
+        ),
+        "encoder, no examples": (
+            dict(TRIAGE_MODEL=tiny_bert_dir, TRIAGE_LABELS="billing,technical"),
+            "TRIAGE_HEAD_PATH",
+            "an example for every label (none for ['billing', 'technical'])",
+        ),
+        "head path empty": (dict(TRIAGE_HEAD_PATH="", TRIAGE_SCORER="head"), "TRIAGE_HEAD_PATH", "needs it"),
+        "head path a directory": (dict(TRIAGE_HEAD_PATH=tmp_path), "TRIAGE_HEAD_PATH", "is a directory, not a file"),
+    }
+    runs = {}
+    for name, (env, _, _) in cases.items():
+        runs[("check", name)] = (env_with(triage_env, **env), ["worker", "check", "--no-redis"])
+        runs[("run", name)] = (env_with(triage_env, **env), ["worker", "run", "--drain"])
+    runs[("check", "head path blank = unset")] = (env_with(triage_env, TRIAGE_HEAD_PATH=""), ["worker", "check"])
+    done = run_clis(runs)
+    assert done.pop(("check", "head path blank = unset")).returncode == 0
+    for (command, name), r in done.items():
+        _, where, words = cases[name]
+        if command == "check":
+            code, errors, _ = _check_errors(r)
+            assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {where}: "), (name, errors)
+            assert words in errors[0], (name, errors)
+        else:
+            (rec,) = _run_errors(r)
+            assert rec["setting"] == where and words in rec["error"], (name, rec)
+
+
+def test_check_and_run_refuse_streams_that_are_one_key(triage_env, redis_url):
+    """A dead-letter stream that is the input stream looped forever; a results stream that is it clobbered it."""
+    import redis
+
+    stream = triage_env["TRIAGE_INPUT_STREAM"]
+    cases = {
+        "TRIAGE_INPUT_STREAM / TRIAGE_DEAD_LETTER_STREAM": dict(TRIAGE_DEAD_LETTER_STREAM=stream),
+        "TRIAGE_INPUT_STREAM / TRIAGE_RESULTS_STREAM": dict(TRIAGE_RESULTS_STREAM=stream),
+        "TRIAGE_RESULTS_STREAM / TRIAGE_RESULT_KEY_PREFIX": dict(
+            TRIAGE_RESULTS_STREAM=triage_env["TRIAGE_RESULT_KEY_PREFIX"] + "all"
+        ),
+    }
+    runs = {}
+    for where, env in cases.items():
+        runs[("check", where)] = (env_with(triage_env, **env), ["worker", "check"])
+        runs[("run", where)] = (env_with(triage_env, **env), ["worker", "run"])
+    for (command, where), r in run_clis(runs).items():
+        if command == "check":
+            code, errors, _ = _check_errors(r)
+            assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {where}: "), errors
+        else:
+            (rec,) = _run_errors(r)
+            assert rec["setting"] == where, rec
+    assert not redis.Redis.from_url(redis_url).exists(stream)  # refused before anything touched Redis
+
+
+def test_check_and_run_refuse_empty_names_and_values_that_cannot_work(triage_env):
+    cases = {
+        "TRIAGE_CONSUMER": ("", "must not be empty"),
+        "TRIAGE_RESULT_KEY_PREFIX": ("", "must not be empty"),
+        "TRIAGE_LOG_LEVEL": ("LOUD", "must be one of DEBUG"),
+        "TRIAGE_RECONNECT_MAX_S": ("inf", "finite"),
+    }
+    runs = {}
+    for var, (value, _) in cases.items():
+        runs[("check", var)] = (env_with(triage_env, **{var: value}), ["worker", "check", "--no-redis"])
+        runs[("run", var)] = (env_with(triage_env, **{var: value}), ["worker", "run", "--drain"])
+    for (command, var), r in run_clis(runs).items():
+        words = cases[var][1]
+        if command == "check":
+            code, errors, _ = _check_errors(r)
+            assert code == 2 and len(errors) == 1 and errors[0].startswith(f"error: {var}: "), errors
+            assert words in errors[0], errors
+        else:
+            (rec,) = _run_errors(r)
+            assert rec["setting"] == var and words in rec["error"], rec
+
+
+def test_verify_and_eval_name_a_bad_task_in_one_line_before_loading_the_model(triage_env, tmp_path):
+    """verify used to end in a TaskError traceback after loading the model."""
+    tickets = str(REPO / "tests" / "data" / "support_tickets_labelled.jsonl")
+    verify = ["worker", "verify", "--input", tickets]
+    runs = run_clis(
+        {
+            ("verify", "TRIAGE_LABELS", "at least two labels"): (env_with(triage_env, TRIAGE_LABELS="a"), verify),
+            ("verify", "TRIAGE_TASK_FILE", "no such file"): (
+                env_with(triage_env, TRIAGE_TASK_FILE=tmp_path / "none.yaml"),
+                verify,
+            ),
+            ("verify", "TRIAGE_HEAD_PATH", "TRIAGE_SCORER=head needs it"): (
+                env_with(triage_env, TRIAGE_SCORER="head"),
+                verify,
+            ),
+            ("eval", "TRIAGE_LABELS", "at least two labels"): (
+                env_with(triage_env, TRIAGE_LABELS="a"),
+                ["worker", "eval", "--input", tickets],
+            ),
+        }
+    )
+    for (command, where, words), r in runs.items():
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (command, r.stderr)
+        assert lines[0].startswith(f"triage-worker {command}: {where}: ") and words in lines[0], lines

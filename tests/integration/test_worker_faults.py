@@ -268,3 +268,20 @@ def test_a_worker_frozen_past_its_ttl_whose_name_was_taken_over_exits_2_and_leav
         finally:
             if first.returncode is None:
                 os.kill(first.pid, signal.SIGCONT)
+
+
+def test_a_fill_wait_past_the_default_socket_timeout_is_not_a_redis_outage(triage_env, redis_url):
+    """The read that fills a window blocks up to TRIAGE_MAX_WAIT_MS; past the client's fixed 15 s socket timeout
+    every fill ended in a TimeoutError, logged as redis_unavailable. The socket timeout now grows with the setting."""
+    from worker.stream.connection import SOCKET_TIMEOUT_S
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    ids = push(r, triage_env, 1, "long-fill")
+    env = env_with(triage_env, TRIAGE_MAX_WAIT_MS=int(SOCKET_TIMEOUT_S * 1000) + 1000)
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        first = w.wait_for(lambda e: e.get("event") in ("window", "redis_unavailable"), timeout_s=180)
+        assert first["event"] == "window" and first["items"] == 1, w.stderr_tail()
+        assert w.wait(timeout_s=120) == 0, w.stderr_tail()
+    assert not w.events("redis_unavailable"), w.stderr_tail()
+    ((kind, rec),) = wait_settled(r, triage_env, ids).values()
+    assert kind == "result" and rec["id"] == "long-fill-0"

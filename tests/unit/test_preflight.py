@@ -30,7 +30,6 @@ def test_known_families_do_not_trip_the_unknown_check():
         "TRIAGE_TEST_REDIS_URL": "redis://x",
         "TRIAGE_CHAOS_SCALE": "quick",
         "TRIAGE_DATA_DIR": "/d",
-        "TRIAGE_REDIS_PORT": "1",
     }
     assert preflight.unknown_env(env) == []
 

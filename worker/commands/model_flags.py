@@ -19,11 +19,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-prompt", choices=["labels", "task"], default=None, help="override TRIAGE_HEAD_PROMPT")
 
 
-def settings_from_args(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace, *, scorer: bool = False):
     """``Settings`` from the environment with the model flags applied, and logging set up from them.
 
-    Invalid settings, and a model or encoder that cannot be found (or is the wrong kind), end the command as they
-    end ``check`` and ``run`` (``preflight``): one line each naming the flag or env var, exit 2, before torch loads.
+    Invalid settings, a task that cannot be read (TRIAGE_TASK_FILE, TRIAGE_LABELS), and a model or encoder that
+    cannot be found (or is the wrong kind) end the command as they end ``check`` and ``run`` (``preflight``): one
+    line each naming the flag or env var, exit 2, before torch loads. ``scorer``: the command classifies with the
+    scorer the worker would use (``verify``), so TRIAGE_HEAD_PATH and TRIAGE_SCORER are checked too; ``eval`` and
+    ``fit`` measure and fit heads and do not use them.
     """
     from worker import preflight
     from worker.logs import configure_logging
@@ -33,10 +36,9 @@ def settings_from_args(args: argparse.Namespace):
     prog = f"triage-worker {getattr(args, 'command', None) or ''}".strip()
     settings = preflight.settings_or_exit(prog, check_redis_url=False, **overrides)
     named = {k: f"--{k}" if overrides[k] is not None else f"TRIAGE_{k.upper()}" for k in ("model", "encoder")}
-    found = (
-        preflight.model_problem(settings, var=named["model"]),
-        preflight.encoder_problem(settings, var=named["encoder"]),
-    )
-    preflight.exit_on(prog, [p for p in found if p])
+    # `fit --default-head` fits the shipped head on the built-in task, whatever TRIAGE_TASK_FILE / TRIAGE_LABELS say
+    task = not getattr(args, "default_head", False)
+    problems = preflight.classifier_problems(settings, names=named, task=task, scorer=scorer)
+    preflight.exit_on(prog, problems)
     configure_logging(settings.log_format, settings.log_level)
     return settings

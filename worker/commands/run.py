@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     # Before torch and the model: settings, TRIAGE_ names, task file, model location, Redis URL.
     settings, problems = preflight.load_settings(consumer=args.consumer)
     configure_logging(
-        settings.log_format if settings else preflight.log_format_from_env(), settings.log_level if settings else "INFO"
+        settings.log_format if settings else preflight.log_format_from_env(),
+        settings.log_level if settings else "INFO",
+        static={"consumer": settings.consumer} if settings else None,  # every line, the libraries' and threads' too
     )
     log0 = get_logger("triage.worker")
     if settings is not None:

@@ -63,14 +63,15 @@ def run(args: argparse.Namespace) -> int:
         s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True, encoding_errors="replace"
     )
     try:
-        return _loop(client, target, url, args)
+        return _loop(client, target, url, args, preflight.stream_keys(s))
     except KeyboardInterrupt:  # Ctrl-C ends a watch
         return 0
 
 
-def _loop(client, target, url: str, args: argparse.Namespace) -> int:
+def _loop(client, target, url: str, args: argparse.Namespace, streams: dict[str, str]) -> int:
     import redis
 
+    from worker import preflight
     from worker.observability.status import collect
     from worker.observability.status_view import render
 
@@ -78,6 +79,12 @@ def _loop(client, target, url: str, args: argparse.Namespace) -> int:
     clear = args.watch and not args.json and sys.stdout.isatty()
     while True:
         try:
+            # a stream setting naming a key of another type is a configuration error (exit 2), not Redis trouble
+            wrong = preflight.stream_type_problems(client, streams)
+            if wrong:
+                for p in wrong:
+                    print(f"triage-worker status: {p}", file=sys.stderr)
+                return preflight.EXIT_CONFIG
             snap = collect(client, target, window_s=args.window_s, max_results=args.max_results)
         except redis.RedisError as e:
             print(f"triage-worker status: cannot read Redis at {url}: {type(e).__name__}: {e}", file=sys.stderr)

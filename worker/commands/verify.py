@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from worker.progress import Progress
     from worker.ticket_files import read_tickets
 
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, scorer=True)  # task, model, head and scorer checked before anything loads
     rows = read_tickets(args.input, args.limit)
     clf = build_classifier(settings)
     prepared = clf.prepare([str(r["text"]) for r in rows])

@@ -73,16 +73,16 @@ class BatchWorker(BaseWorker):
         if self.settings is not None:
             problems = [p for p in problems if p.where != "TRIAGE_REDIS_URL"] + preflight.worker_problems(self.settings)
         fmt = self.settings.log_format if self.settings else preflight.log_format_from_env()
-        configure_logging(fmt, logging_level or (self.settings.log_level if self.settings else "INFO"))
+        level = logging_level or (self.settings.log_level if self.settings else "INFO")
+        configure_logging(fmt, level, static={"worker": self.name})  # every line names the worker, libraries' too
         _route_rq_logs_to_root()
         self.tlog = get_logger("triage.rq", worker=self.name)
         if problems:
             for p in problems:
                 self.tlog.error("config_invalid", setting=p.where, error=str(p))
             raise SystemExit(preflight.EXIT_CONFIG)
-        if not prometheus.start_for(
-            self.settings, self.tlog, windows=False
-        ):  # before the model: scrapes see "starting"
+        # before the model: scrapes see "starting"
+        if not prometheus.start_for(self.settings, self.tlog, windows=False):
             raise SystemExit(preflight.EXIT_CONFIG)
         if self.requested_serializer not in (None, "json", "rq.serializers.JSONSerializer", JSONSerializer):
             self.tlog.warning(

@@ -35,12 +35,25 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def connect(url: str, *, socket_timeout_s: float = 15.0) -> redis.Redis:
+# How long a reply may take before the client gives up (a Redis that stopped answering is found this late). It must
+# be longer than the longest BLOCK the worker uses: the reader's 0.5 s idle block, and the read that fills a window,
+# which blocks up to TRIAGE_MAX_WAIT_MS: ``socket_timeout_for`` grows the timeout with that setting.
+SOCKET_TIMEOUT_S = 15.0
+BLOCK_MARGIN_S = 5.0  # a BLOCK's reply may come this much after the block ends (network, a busy Redis)
+
+
+def socket_timeout_for(max_wait_ms: int) -> float:
+    """The stream worker's socket timeout: ``SOCKET_TIMEOUT_S``, or TRIAGE_MAX_WAIT_MS + ``BLOCK_MARGIN_S`` when that
+    is longer (a fill read blocking past the timeout read as "Redis unavailable" on every window)."""
+    return max(SOCKET_TIMEOUT_S, max_wait_ms / 1000.0 + BLOCK_MARGIN_S)
+
+
+def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Redis:
     """A client that hands back raw bytes (the worker decodes and validates itself)."""
     return redis.Redis.from_url(
         url,
         decode_responses=False,
-        socket_timeout=socket_timeout_s,  # > the longest BLOCK the worker uses
+        socket_timeout=socket_timeout_s,  # > the longest BLOCK the worker uses (socket_timeout_for)
         socket_connect_timeout=5.0,
         socket_keepalive=True,
         health_check_interval=30,

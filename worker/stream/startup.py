@@ -15,7 +15,7 @@ import redis
 
 from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
-from worker.stream.connection import Backoff, connect, is_transient
+from worker.stream.connection import Backoff, connect, is_transient, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
 from worker.stream.source import StreamSource
@@ -43,7 +43,7 @@ def start(settings, *, drain: bool) -> Started | int:
     log = get_logger("triage.worker").bind(consumer=settings.consumer)
     shutdown = Shutdown(log)
     shutdown.install()
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, socket_timeout_s=socket_timeout_for(settings.max_wait_ms))
     source = StreamSource(client, settings.input_stream, settings.group, settings.consumer)
     ready = _setup(source, settings, shutdown, log, give_up_s=settings.drain_redis_timeout_s if drain else None)
     if ready != "ok":
