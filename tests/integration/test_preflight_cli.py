@@ -354,3 +354,27 @@ def test_verify_and_eval_name_a_bad_task_in_one_line_before_loading_the_model(tr
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (command, r.stderr)
         assert lines[0].startswith(f"triage-worker {command}: {where}: ") and words in lines[0], lines
+
+
+def test_the_bench_refuses_a_task_or_model_the_worker_could_not_start_with_before_loading(triage_env, tmp_path):
+    """triage-bench used to end in a TaskError or ModelNotFound traceback (after loading the model, for the task)."""
+    bench = ["worker.bench", "--n", "4", "--modes", "5"]
+    runs = run_clis(
+        {
+            ("TRIAGE_LABELS", "at least two labels"): (env_with(triage_env, TRIAGE_LABELS="a"), bench),
+            ("TRIAGE_MODEL", "does not exist"): (env_with(triage_env, TRIAGE_MODEL=tmp_path / "gone"), bench),
+        },
+        timeout_s=120,
+    )
+    for (where, words), r in runs.items():
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (where, r.stderr)
+        assert lines[0].startswith(f"triage-bench: {where}: ") and words in lines[0], lines
+
+
+def test_check_does_not_call_the_settings_ok_beside_an_unknown_variable(triage_env):
+    (r,) = run_clis(
+        {"typo": (env_with(triage_env, TRIAGE_MAX_BATCH_ITEM="3"), ["worker", "check", "--no-redis"])}
+    ).values()
+    assert r.returncode == 2 and "did you mean TRIAGE_MAX_BATCH_ITEMS" in r.stderr
+    assert "settings: ok" not in r.stdout, r.stdout

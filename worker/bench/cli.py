@@ -169,13 +169,19 @@ def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
     ``--threads`` becomes ``torch_threads``; without it the worker's own setting (default "auto") applies.
-    Invalid settings: one line each and exit 2, as for the worker (``preflight``).
+    Invalid settings, a task, model, head or scorer the worker could not start with: one line each and exit 2,
+    as for the worker (``preflight``), before anything loads.
     """
     from worker import preflight
 
     names = ("model", "device", "dtype", "pass_max_items", "pass_max_tokens", "redis_url", "attention")
     overrides = {k: getattr(args, k, None) for k in names} | {"torch_threads": getattr(args, "threads", None)}
-    return preflight.settings_or_exit("triage-bench", check_redis_url=bool(getattr(args, "redis", False)), **overrides)
+    settings = preflight.settings_or_exit(
+        "triage-bench", check_redis_url=bool(getattr(args, "redis", False)), **overrides
+    )
+    model_var = "--model" if overrides["model"] is not None else "TRIAGE_MODEL"
+    preflight.exit_on("triage-bench", preflight.classifier_problems(settings, names={"model": model_var}))
+    return settings
 
 
 def _run(

@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     settings, problems = preflight.load_settings()
     ok: list[str] = []
     if settings is not None:
-        ok.append(f"settings: ok (TRIAGE_ variables: {sum(k.startswith('TRIAGE_') for k in os.environ)} set)")
+        if not problems:  # an unknown or misspelt TRIAGE_ name is a problem of the settings too
+            ok.append(f"settings: ok (TRIAGE_ variables: {sum(k.startswith('TRIAGE_') for k in os.environ)} set)")
         found = preflight.worker_problems(settings)
         problems += found
         if not any(p.where in ("TRIAGE_TASK_FILE", "TRIAGE_LABELS") for p in found):
