@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ProducerSettings(BaseSettings):
     """Where tickets go, where results come from, and how hard to push (``TRIAGE_<NAME>``)."""
 
-    model_config = SettingsConfigDict(env_prefix="TRIAGE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TRIAGE_", extra="ignore", allow_inf_nan=False)
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     input_stream: str = "triage:tickets"
@@ -40,3 +40,12 @@ class ProducerSettings(BaseSettings):
 
     # --- waiting for results -----------------------------------------------
     wait_poll_max_ms: int = Field(500, ge=1, description="Longest pause between result checks while waiting.")
+
+    @field_validator("redis_url", "input_stream", "results_stream", "dead_letter_stream", "result_key_prefix", "group")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        """As the worker's: empty is a mistake, not "unset" (an empty TRIAGE_RESULT_KEY_PREFIX would read a bare ticket
+        id as its result key)."""
+        if not v.strip():
+            raise ValueError("must not be empty or blank (unset the variable for the default)")
+        return v

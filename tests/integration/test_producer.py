@@ -85,6 +85,21 @@ def test_defaults_meet_the_worker_on_the_same_keys(monkeypatch):
         assert getattr(p, name) == getattr(w, name), name
 
 
+@pytest.mark.parametrize(
+    "var, value, words",
+    [
+        ("TRIAGE_RESULT_KEY_PREFIX", "", "must not be empty"),  # a bare ticket id would be read as its result key
+        ("TRIAGE_INPUT_STREAM", " ", "must not be empty"),
+        ("TRIAGE_BACKPRESSURE_TIMEOUT_S", "inf", "finite"),
+    ],
+)
+def test_the_cli_refuses_names_and_numbers_the_worker_refuses(monkeypatch, capsys, var, value, words):
+    monkeypatch.setenv(var, value)
+    assert cli_main(["backlog"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"triage-producer backlog: {var}: ") and words in err, err
+
+
 def test_submit_one_writes_flat_fields_and_returns_ids(client, r, settings):
     sent = client.submit("Refund please", id="T-1", subject="Billing", meta={"customer": 42, "tier": "gold"})
     assert sent.ticket_id == "T-1"
