@@ -146,7 +146,7 @@ def _parse_task_text(raw: str, path: Path):
             raise TaskError(f"{path}: the key {e.args[0]!r} appears twice in one mapping") from None
     try:
         node = yaml.compose(raw, Loader=_TextLoader)
-        data = yaml.load(raw, Loader=_TextLoader)  # a SafeLoader, with text for every value
+        data = _load_text_yaml(raw)
     except _DuplicateKey as e:
         key, line = e.args
         raise TaskError(f"{path}:{line}: the key {key!r} appears twice in one mapping") from None
@@ -184,6 +184,15 @@ _TextLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+
+def _load_text_yaml(raw: str):
+    """One document through ``_TextLoader`` (what ``yaml.load`` does, without a call a scanner must trust)."""
+    loader = _TextLoader(raw)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _json_object(pairs: list) -> dict:
