@@ -10,6 +10,7 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from tests.tiny_model import SCALE, build_tokenizer
+from worker.bench.modes import MODES, cached, title
 from worker.engine.classifier import Classifier
 from worker.engine.loader import load_model
 from worker.engine.task import default_task
@@ -63,6 +64,7 @@ def test_a_window_shorter_than_the_rows_turns_the_fast_paths_off(tmp_path, atten
     items = clf.prepare_valid(TEXTS)
     report = verify(clf, items, [str(i) for i in range(len(items))])
     assert report.passed(0.05) and not report.prefix_cache and report.attention == "padded"
+    assert not cached(MODES["bucketed_cached"], clf) and "cache off" in title(MODES["bucketed_cached"], clf)
 
 
 def test_a_window_no_row_reaches_keeps_the_fast_paths(tmp_path):

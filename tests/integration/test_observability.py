@@ -313,11 +313,13 @@ def test_the_queue_gauges_follow_the_group_while_the_worker_is_idle(triage_env, 
         TRIAGE_METRICS_PORT=port,
         TRIAGE_METRICS_HOST="127.0.0.1",
         TRIAGE_HEARTBEAT_TTL_S=1,  # a beat every ~0.33 s
+        TRIAGE_CLAIM_IDLE_MS=600_000,  # the keeper's other timer (refreshing held entries): every 200 s
         TRIAGE_MAX_WAIT_MS=0,
     )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     stream = env["TRIAGE_INPUT_STREAM"]
     with start_worker(env) as w:
+        time.sleep(1.0)  # past the keeper's first round at start-up
         ids = [client.xadd(stream, {"id": f"q-{i}", "text": GOOD_TEXTS[i % 4]}) for i in range(5)]
         wait_settled(client, env, ids, timeout_s=120)
         windows = w.events("window")

@@ -111,6 +111,7 @@ def test_good_redis_urls(url):
         ("dup.json", '{"labels": ["a", "b"], "labels": ["c", "d"]}', "the key 'labels' appears twice"),
         ("case.yaml", "labels: [billing, Billing]\n", "labels 'billing' and 'Billing' differ only in case"),
         ("number.json", '{"labels": {"a": "x", "b": 2}}', "expected text, got 2"),
+        ("unhashable.yaml", "labels:\n  ? [a, b]\n  : x\n  c: y\n", "unhashable.yaml:2:5: not valid YAML"),
     ],
 )
 def test_task_file_errors_name_the_file_and_line(tmp_path, name, text, words):
@@ -134,3 +135,9 @@ def test_task_file_values_are_the_text_written(tmp_path):
     assert task.labels == ("yes", "no", "1.0", "off")
     assert task.descriptions == {"yes": "agrees", "no": "refuses", "1.0": "version one", "off": "switched off"}
     assert [(e.text, e.label) for e in task.examples] == [("2024-01-01", "off")]
+
+
+def test_a_merge_key_still_merges_and_the_mapping_may_override_what_it_brings(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("labels: [a, b]\nexamples:\n  - &e {text: hi, label: a}\n  - <<: *e\n    label: b\n")
+    assert [(e.text, e.label) for e in load_task_file(path).examples] == [("hi", "a"), ("hi", "b")]

@@ -44,7 +44,7 @@ NO_CACHE_TITLES = {"padded": "5 buckets, prefix cache off", "packed": "5 packed,
 
 def cached(spec: ModeSpec, clf) -> bool:
     """Whether ``spec`` runs with the shared prefix cache: its own choice, or (mode 5) the worker's setting."""
-    return clf.options.prefix_cache if spec.cached is None else spec.cached
+    return clf.use_prefix_cache if spec.cached is None else spec.cached
 
 
 def title(spec: ModeSpec, clf) -> str:

@@ -7,6 +7,7 @@ JSON); ``worker.assemble.task_from_settings`` picks one from ``TRIAGE_*``.
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,21 +168,28 @@ class _DuplicateKey(ValueError):
 class _TextLoader(yaml.SafeLoader):
     """Every value of a task file is text: ``yes``, ``no``, ``on``, ``1.0``, ``2024-01-01`` stay what was
     written (YAML 1.1 would make a label ``yes`` the boolean True, named "True", and merge ``1.0`` into it);
-    ``~``, ``null`` and an empty value still mean nothing. A key given twice in one mapping is an error, not
-    a silent overwrite."""
+    ``~``, ``null`` and an empty value still mean nothing, and ``<<`` still merges. A key given twice in one
+    mapping is an error, not a silent overwrite."""
 
     def construct_mapping(self, node, deep=False):
         seen: set = set()
-        for key_node, _ in node.value:
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == MERGE:  # what a merge brings in may be overridden by the mapping's own keys
+                continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):  # the base class's own error: a one-line "not valid YAML"
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+                )
             if key in seen:
                 raise _DuplicateKey(key, key_node.start_mark.line + 1)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 
+MERGE, NULL = "tag:yaml.org,2002:merge", "tag:yaml.org,2002:null"
 _TextLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag in (NULL, MERGE)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 

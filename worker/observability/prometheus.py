@@ -84,6 +84,9 @@ class Metrics:
     def on_window(self, m: Any) -> None:
         pass
 
+    def on_queue(self, backlog: int | None, pending: int | None) -> None:
+        pass
+
     def on_graphs(self, stats: dict | None) -> None:
         pass
 

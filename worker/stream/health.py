@@ -245,6 +245,7 @@ class Keeper(threading.Thread):
         self.refresh_interval_s = max(refresh_interval_s, 0.05)
         self.log = log
         self.on_lost = on_lost
+        self.on_beat: Callable[[], object] | None = None  # after every beat (the loop's queue gauges)
         self.lost: dict | None = None
         self._stop_evt = threading.Event()
 
@@ -255,6 +256,11 @@ class Keeper(threading.Thread):
             if now >= next_beat:
                 next_beat = now + self.beat_interval_s
                 self._beat()
+                if self.on_beat is not None:
+                    try:
+                        self.on_beat()
+                    except Exception as e:  # noqa: BLE001 - metrics only; Redis trouble shows up elsewhere
+                        self.log.debug("on_beat_failed", error=f"{type(e).__name__}: {e}")
             if self.refresh is not None and now >= next_refresh:
                 next_refresh = now + self.refresh_interval_s
                 try:

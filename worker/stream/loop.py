@@ -133,15 +133,18 @@ class _Loop:
             if not is_nogroup(e):
                 raise
             self.guard.recover(epoch, op="refresh", error=e)
-        try:  # the queue gauges, also while no window comes (an idle worker's would keep the last window's)
-            state = self.source.group_state()
-            if state is not None:
-                prometheus.current().on_queue(state.lag, state.pending)
-        except Exception:  # noqa: BLE001 - metrics only; a real outage shows up on the next read
-            pass
+
+    def _queue_gauges(self) -> None:
+        """Keeper thread, every beat: the queue gauges, also while no window comes (an idle worker's would keep
+        the last window's figures, read while its own entries were still pending)."""
+        state = self.source.group_state()
+        if state is not None:
+            prometheus.current().on_queue(state.lag, state.pending)
 
     def run(self) -> int:
         self.keeper.refresh = self._refresh  # the keeper now also keeps this process's in-flight entries fresh
+        if prometheus.current().enabled:
+            self.keeper.on_beat = self._queue_gauges
         self.reader.start()
         self.writer.start()
         self.log.info(
