@@ -45,36 +45,13 @@ def bench_doc(tiny_model_dir, tmp_path_factory):
 
 def _run_bench(out, tiny_model_dir):
     return cli.main(
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--device",
-            "cpu",
-            "--dtype",
-            "fp32",
-            "--n",
-            str(N),
-            "--fixed-batch",
-            "4",
-            "--pass-max-items",
-            "4",
-            "--prompt",
-            "both",
-            "--sweep",
-            "--sweep-items",
-            "1,4",
-            "--sweep-tokens",
-            "4096",
-            "--gemm-tokens",
-            "32",
-            "--json",
-            str(out / "b.json"),
-            "--plot",
-            str(out / "b.png"),
-            "--profile",
-            str(out / "profile.txt"),
-            "--no-progress",
-        ]
+        _bench_args(
+            tiny_model_dir,
+            out / "b.json",
+            *("--n", str(N), "--fixed-batch", "4", "--pass-max-items", "4", "--prompt", "both"),
+            *("--sweep", "--sweep-items", "1,4", "--sweep-tokens", "4096"),
+            *("--plot", str(out / "b.png"), "--profile", str(out / "profile.txt")),
+        )
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
-from tests.tiny_model import SCALE, build_tokenizer
+from tests.tiny_model import build_tokenizer, scaled_up
 from worker.bench.modes import MODES, cached, title
 from worker.engine.classifier import Classifier
 from worker.engine.loader import load_model
@@ -36,11 +36,7 @@ def _gemma2(path, window: int, softcap: float | None):
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True,
     )
-    model = Gemma2ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(SCALE)
+    model = scaled_up(Gemma2ForCausalLM(cfg))
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return load_model(str(path), torch.device("cpu"), torch.float32, path / "cache")
