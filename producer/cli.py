@@ -302,6 +302,8 @@ def _partial(e: BaseException) -> str:
     if not hasattr(e, "submitted"):
         return ""
     unsure = len(getattr(e, "unconfirmed", []))
+    if not unsure:  # Redis answered every ticket: those it refused were not added
+        return f" ({len(e.submitted)} tickets sent; the rest were not)"
     return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
 
 

@@ -87,8 +87,9 @@ class TriageClient:
 
         A list or tuple is checked whole first: a bad ticket raises ``InvalidTicket`` with nothing sent. Any other
         iterable is checked as it is read. Whatever stops the call part-way (``InvalidTicket``, ``BacklogFull``, a
-        Redis error) carries ``submitted``, what was sent before it, so a caller can resume without duplicates; a
-        Redis error also carries ``unconfirmed``, the ticket ids of the chunk whose reply was lost (sent or not).
+        Redis error) carries ``submitted``, what was sent, so a caller can resume without duplicates; a Redis
+        error also carries ``unconfirmed``, the ticket ids of the chunk whose reply was lost (sent or not; empty when
+        Redis refused a ticket: every reply came back, and ``submitted`` has each ticket it did add).
         """
         s = self.settings
         size = min(s.submit_chunk_size, s.input_max_backlog) if s.input_max_backlog else s.submit_chunk_size
@@ -115,11 +116,16 @@ class TriageClient:
         for _, fields in chunk:
             pipe.xadd(self.settings.input_stream, fields)  # no MAXLEN: trimming would lose tickets
         try:
-            ids = pipe.execute()
-        except redis.RedisError as e:  # the caller's to handle; it learns what is known to be in the stream
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as e:  # the connection failed: which of the chunk went is not known
             e.submitted, e.unconfirmed = list(done), [tid for tid, _ in chunk]  # type: ignore[attr-defined]
             raise
-        done.extend(Submitted(tid, as_str(sid)) for (tid, _), sid in zip(chunk, ids))
+        # every reply came back: an error reply (OOM, READONLY, NOPERM) means that ticket was not added; an id, it was
+        done.extend(Submitted(tid, as_str(r)) for (tid, _), r in zip(chunk, replies) if not isinstance(r, Exception))
+        refused = next((r for r in replies if isinstance(r, Exception)), None)
+        if refused is not None:
+            refused.submitted, refused.unconfirmed = list(done), []  # type: ignore[attr-defined]
+            raise refused
         if on_progress:
             on_progress(len(chunk))
 

@@ -162,6 +162,23 @@ def test_a_ticket_the_worker_would_reject_without_an_id_stops_a_list_before_anyt
     assert not r.exists(settings.input_stream)
 
 
+def test_a_ticket_redis_refuses_mid_chunk_leaves_the_ones_it_added_in_submitted(settings):
+    """Out of memory part-way through a chunk: every reply came back, so the tickets Redis added are ``submitted``
+    (a resume must not send them again) and none is "unconfirmed" (that is for a lost reply)."""
+    with local_redis_server() as url:
+        own = redis.Redis.from_url(url)
+        own.config_set("maxmemory-policy", "noeviction")
+        own.config_set("maxmemory", int(own.info("memory")["used_memory"]) + 300_000)
+        client = TriageClient(settings.model_copy(update={"redis_url": url, "input_max_backlog": 0}))
+        with pytest.raises(redis.ResponseError) as refused:
+            client.submit_many([{"text": f"{i} " + "x" * 800} for i in range(2000)])
+        e = refused.value
+        assert "OOM" in str(e) or isinstance(e, redis.exceptions.OutOfMemoryError)
+        assert e.unconfirmed == [] and 0 < len(e.submitted) < 2000
+        in_stream = {sid.decode() for sid, _ in own.xrange(settings.input_stream)}
+        assert {s.stream_id for s in e.submitted} == in_stream
+
+
 def test_a_redis_error_part_way_through_a_send_says_what_was_sent(r, settings, monkeypatch):
     """Redis lost between two chunks: the next backlog check raises, with what the call had sent."""
     client = TriageClient(settings.model_copy(update={"submit_chunk_size": 2}))
