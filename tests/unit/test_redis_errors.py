@@ -39,3 +39,43 @@ def test_a_lost_group_is_recognised_from_a_script_on_redis_62_too():
     assert is_nogroup(redis.ResponseError(REDIS_7))
     assert not is_nogroup(redis.ResponseError("ERR no such key"))
     assert not is_nogroup(RuntimeError("NOGROUP"))  # only Redis replies
+
+
+def test_a_replica_or_failover_reply_is_transient_whatever_class_redis_py_gives_it():
+    """redis-py 5+ turns READONLY / MASTERDOWN / TRYAGAIN into classes and drops the code from the message."""
+    from worker.stream.connection import is_passing, is_transient
+
+    for e in (
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.exceptions.MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+        redis.ResponseError("LOADING Redis is loading the dataset in memory"),
+    ):
+        assert is_transient(e) and is_passing(e), e
+    for e in (
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."),
+        redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's unable to persist to disk."),
+    ):
+        assert is_passing(e) and not is_transient(e), e
+    for e in (
+        redis.exceptions.NoPermissionError("this user has no permissions to run the 'xgroup|create' command"),
+        redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+    ):
+        assert not is_passing(e), e
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "XACK triage:tickets: ERR The user executing the script can't run this command or subcommand",  # Redis 7
+        "SET triage:result:T-1: ERR The user executing the script can't access at least one of the keys",
+        "NOPERM this user has no permissions to run the 'set' command or its subcommand",  # Redis 6.2
+    ],
+)
+def test_a_refused_permission_is_told_apart_from_a_passing_refusal(message):
+    from worker.stream.sink import is_permission_error
+
+    assert is_permission_error(message)
+    assert not is_permission_error("XADD triage:results: OOM command not allowed when used memory > 'maxmemory'.")

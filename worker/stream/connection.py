@@ -16,23 +16,41 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-# Errors that mean "Redis is (temporarily) unreachable", not "the request is wrong".
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    ConnectionResetError,
-    BrokenPipeError,
+# Errors that mean "Redis is (temporarily) unreachable", not "the request is wrong". During a failover or a
+# restart Redis answers LOADING, READONLY, MASTERDOWN or TRYAGAIN before it is ready: redis-py turns them into these
+# classes and drops the code from the message, so they are told by class (and by code, from older clients).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls
+    for cls in (
+        redis.ConnectionError,
+        redis.TimeoutError,
+        redis.exceptions.BusyLoadingError,
+        getattr(redis.exceptions, "ReadOnlyError", None),
+        getattr(redis.exceptions, "MasterDownError", None),
+        getattr(redis.exceptions, "TryAgainError", None),
+        ConnectionResetError,
+        BrokenPipeError,
+    )
+    if cls is not None
 )
+TRANSIENT_CODES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
+# States of a reachable Redis that pass without a change to the worker's settings: a script running (BUSY), a failed
+# background save under stop-writes-on-bgsave-error (MISCONF), memory full under noeviction (OOM). At start-up the
+# worker waits them out as it waits for Redis; while running, a write is retried anyway.
+PASSING_CODES = ("BUSY", "MISCONF", "OOM")
 
 
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
-    # during a failover/restart Redis answers these before it is ready
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(
-        ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
-    )
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(TRANSIENT_CODES)
+
+
+def is_passing(exc: BaseException) -> bool:
+    """Redis answers, in a state that passes by itself (``PASSING_CODES``), or is unreachable for now."""
+    if is_transient(exc) or isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ())):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(PASSING_CODES)
 
 
 # How long a reply may take before the client gives up (a Redis that stopped answering is found this late). It must

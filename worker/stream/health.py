@@ -246,6 +246,7 @@ class Keeper(threading.Thread):
         self.log = log
         self.on_lost = on_lost
         self.on_beat: Callable[[], object] | None = None  # after every beat (the loop's queue gauges)
+        self._beats_failing = 0  # beats failed in a row: the first is a warning (health checks will fail)
         self.lost: dict | None = None
         self._stop_evt = threading.Event()
 
@@ -277,8 +278,13 @@ class Keeper(threading.Thread):
         try:
             self.lost = self.heartbeat.beat(**self.status.snapshot())
         except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
-            self.log.debug("heartbeat_failed", error=str(e))
+            self._beats_failing += 1
+            level = self.log.warning if self._beats_failing == 1 else self.log.debug
+            level("heartbeat_failed", error=f"{type(e).__name__}: {e}", failed_in_a_row=self._beats_failing)
             return
+        if self._beats_failing:
+            self.log.info("heartbeat_recovered", failed_in_a_row=self._beats_failing)
+            self._beats_failing = 0
         if self.lost is not None and self.on_lost is not None:
             self.on_lost(self.lost)
 

@@ -23,9 +23,9 @@ from worker.stream.connection import Backoff, is_transient, reply_parser
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
-from worker.stream.sink import Outcome, PartialWriteError, ResultSink
+from worker.stream.sink import Outcome, PartialWriteError, ResultSink, WriteRefused
 from worker.stream.sizing import WindowSizer
-from worker.stream.startup import EXIT_FAILED, EXIT_OK, Started, release, start
+from worker.stream.startup import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Started, release, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
 
@@ -171,7 +171,7 @@ class _Loop:
                 except WriterFailed:
                     pass  # reported below
             if self.writer.failed is not None:
-                code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
+                code, why = self._writer_failed(self.writer.failed)
                 break
             if item == END:
                 why = self.shutdown.reason or "stopped"
@@ -188,19 +188,29 @@ class _Loop:
             self.status.set_phase("stopping")
             self.writer.close()  # everything handed over is written and acked before the exit
             if self.writer.failed is not None:
-                code, why = EXIT_FAILED, self._writer_failed(self.writer.failed)
+                code, why = self._writer_failed(self.writer.failed)
         return self._finish(code, why)
 
-    def _writer_failed(self, e: BaseException) -> str:
+    def _writer_failed(self, e: BaseException) -> tuple[int, str]:
+        """The exit code and reason of a writer that stopped, its event logged."""
         if isinstance(e, PartialWriteError):
             self.log.error(
                 "wrong_key_type",
                 error=str(e),
                 action="stopping: nothing of that write was written; fix the key type, then restart",
             )
-            return "a results or dead-letter key holds another type"
+            return EXIT_FAILED, "a results or dead-letter key holds another type"
+        if isinstance(e, WriteRefused):
+            self.log.error(
+                "permission_denied",
+                error=str(e),
+                action="stopping (exit 2): nothing of that write was acknowledged; give the worker's ACL user the "
+                "command and key named (docs/reliability.md, the ACL line), then restart: the records written "
+                "before the refusal are written again then (same stream_id)",
+            )
+            return EXIT_CONFIG, "Redis refuses the worker a command or key it needs"
         self.log.error("writer_crashed", error=f"{type(e).__name__}: {e}")
-        return f"writer crashed: {type(e).__name__}: {e}"
+        return EXIT_FAILED, f"writer crashed: {type(e).__name__}: {e}"
 
     # ----------------------------------------------------------------- window
     def _process(self, w: Window) -> None:
@@ -361,7 +371,7 @@ class _Loop:
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")
                 return written.outcome
-            except PartialWriteError:
+            except (PartialWriteError, WriteRefused):  # retrying cannot help: the worker stops
                 raise
             except Exception as e:  # noqa: BLE001 - keep the window, keep trying: never drop, never ack blindly
                 if is_nogroup(e):

@@ -124,9 +124,9 @@ local function holds_later(key, sid)
   return cur_sid ~= nil and id_less(sid, cur_sid)
 end
 local kidx, written, err = 5, 0, ''
-local function try(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r['err'] and err == '' then err = r['err'] end
+local function try(cmd, key, ...)  -- the first refusal, with the command and key it hit (NOPERM names neither)
+  local r = redis.pcall(cmd, key, ...)
+  if type(r) == 'table' and r['err'] and err == '' then err = cmd .. ' ' .. key .. ': ' .. r['err'] end
 end
 local layouts = {}
 for l = 1, tonumber(ARGV[i]) do
@@ -159,7 +159,11 @@ local out = {written, 0, err}
 for _, id in ipairs(skipped) do out[#out + 1] = id end
 if err ~= '' then return out end  -- a record failed (e.g. OOM): ack nothing, the caller retries
 for s = 1, #acks, 1000 do
-  redis.call('XACK', stream, group, unpack(acks, s, math.min(s + 999, #acks)))
+  local r = redis.pcall('XACK', stream, group, unpack(acks, s, math.min(s + 999, #acks)))
+  if type(r) == 'table' and r['err'] then  -- refused (an ACL without XACK): the records stand, nothing acked
+    out[3] = 'XACK ' .. stream .. ': ' .. r['err']
+    return out
+  end
 end
 out[2] = #acks
 if consumer ~= '' then

@@ -14,6 +14,7 @@ committed), and a lost consumer group aborts it before anything is written.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import redis
@@ -34,6 +35,20 @@ class PartialWriteError(RuntimeError):
 
 class GroupLost(RuntimeError):
     """The consumer group (or the whole input stream) is gone: NOGROUP. Nothing was written."""
+
+
+class WriteRefused(RuntimeError):
+    """Redis refuses the worker a command or a key the settle script needs (an ACL without it: NOPERM). Retrying
+    cannot help and would write the records before the refusal again on every attempt: the worker stops."""
+
+
+# how Redis words a refused permission: NOPERM (a command), and inside a script (Redis 7) "... can't run this command"
+# or "... can't access at least one of the keys"
+_PERMISSION = re.compile(r"\bNOPERM\b|can't run this command|can't access|no permissions", re.IGNORECASE)
+
+
+def is_permission_error(message: str) -> bool:
+    return bool(_PERMISSION.search(message))
 
 
 class WriteFailed(RuntimeError):
@@ -148,9 +163,13 @@ class ResultSink:
                 raise GroupLost(str(e)) from e
             if error_code(e) == "WRONGTYPE":
                 raise PartialWriteError(str(e)) from e
+            if is_permission_error(str(e)):
+                raise WriteRefused(str(e)) from e
             raise
         error = as_text(reply[2])
         not_ours = [as_text(i) for i in reply[3:]]
+        if error and is_permission_error(error):
+            raise WriteRefused(f"Redis refused the worker a command, nothing acknowledged: {error}")
         if error:
             raise WriteFailed(f"Redis refused a record, nothing acknowledged: {error}")
         return Written(outcome.only(set(outcome.ack_ids) - set(not_ours)) if not_ours else outcome, not_ours)

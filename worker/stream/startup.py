@@ -15,7 +15,7 @@ import redis
 
 from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
-from worker.stream.connection import Backoff, connect, is_transient, socket_timeout_for
+from worker.stream.connection import Backoff, connect, is_passing, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
 from worker.stream.source import StreamSource
@@ -203,7 +203,7 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 log.info("group_created", stream=settings.input_stream, group=settings.group, start_id=created)
             return "ok"
         except Exception as e:  # noqa: BLE001
-            if not is_transient(e):
+            if not is_passing(e):  # NOPERM, WRONGTYPE, a wrong password: the settings' to fix
                 log.error("setup_failed", error=f"{type(e).__name__}: {e}")
                 return "config"
             waited_s = time.monotonic() - t0

@@ -1,0 +1,62 @@
+"""Redis answers, but with an error reply: states that pass (a replica that cannot take writes yet) and refusals
+that do not (an ACL without a command the worker needs).
+
+A passing state at start-up is waited out like an unreachable Redis (it was a "configuration error", exit 2, with
+nothing classified after Redis healed). A refused command inside the settle script stops the worker with
+``permission_denied`` and exit 2: it was retried forever, writing the records before the refusal again on every
+attempt (one ticket's result 11 times in 40 s) and never acking, and a warm stop never finished.
+"""
+
+from __future__ import annotations
+
+from tests.integration.chaos.conftest import worker_env
+from tests.integration.chaos.harness import count_done, push, synth_tickets, tally, wait_until
+from tests.integration.chaos.test_redis_restart import WORKER_ACL
+from worker.redis_server import free_port
+
+GROUP = "triage"
+
+
+def test_start_up_waits_out_a_replica_that_cannot_take_writes(launch, chaos_redis, tiny_model_dir, tmp_path):
+    env = worker_env(tiny_model_dir, chaos_redis.url, tmp_path, TRIAGE_RECONNECT_MAX_S=1, TRIAGE_CONSUMER="ro-a")
+    admin = chaos_redis.client()
+    admin.replicaof("127.0.0.1", free_port())  # a primary that is not there: READONLY to every write
+    w = launch(env, ready=False)
+    first = w.wait_for("waiting_for_redis", timeout_s=120)
+    assert "ReadOnly" in first["error"] or "READONLY" in first["error"], first
+    assert w.returncode is None and not w.events("setup_failed"), w.stderr_tail()
+    admin.replicaof("no", "one")
+    w.wait_ready(timeout_s=180)
+    tickets = synth_tickets(10, seed=3, prefix="ro")
+    push(admin, env["TRIAGE_INPUT_STREAM"], tickets)
+    results, dead = env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
+    wait_until(lambda: count_done(admin, results, dead) >= 10, timeout_s=120, what="10 results", alive=[w])
+    assert w.stop(timeout_s=60) == 0, w.stderr_tail()
+    t = tally(admin, results, dead, [t["id"] for t in tickets])
+    assert t.lost == [] and t.duplicates == 0
+
+
+def test_a_command_the_acl_refuses_inside_the_write_stops_the_worker_instead_of_rewriting(
+    launch, redis_server_factory, tiny_model_dir, tmp_path
+):
+    without_xack = WORKER_ACL.replace(" +xack", "")
+    assert without_xack != WORKER_ACL
+    server = redis_server_factory(acl_users={"triage-worker": "pw-1"}, acl_rules={"triage-worker": without_xack})
+    env = worker_env(
+        tiny_model_dir,
+        server.url_as(user="triage-worker"),
+        tmp_path,
+        TRIAGE_WINDOW_MAX_ITEMS=4,
+        TRIAGE_PASS_MAX_ITEMS=4,
+        TRIAGE_RECONNECT_MAX_S=1,
+        TRIAGE_CONSUMER="acl-a",
+    )
+    admin = server.client()
+    push(admin, env["TRIAGE_INPUT_STREAM"], synth_tickets(12, seed=4, prefix="acl"))
+    w = launch(env, ready=False)
+    assert w.wait(timeout_s=180) == 2, w.stderr_tail()
+    (denied,) = w.events("permission_denied")
+    assert "XACK" in denied["error"] and "ACL" in denied["action"]
+    # one write's records, not one per retry; nothing acknowledged: every entry is still pending, to settle later
+    assert admin.xlen(env["TRIAGE_RESULTS_STREAM"]) <= 4
+    assert admin.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] >= 1
