@@ -69,13 +69,14 @@ def test_a_replica_or_failover_reply_is_transient_whatever_class_redis_py_gives_
 @pytest.mark.parametrize(
     "message",
     [
-        "XACK triage:tickets: ERR The user executing the script can't run this command or subcommand",  # Redis 7
-        "SET triage:result:T-1: ERR The user executing the script can't access at least one of the keys",
-        "NOPERM this user has no permissions to run the 'set' command or its subcommand",  # Redis 6.2
+        "ERR The user executing the script can't run this command or subcommand",  # in a script, Redis 6.2 and 7.0
+        "ERR The user executing the script can't access at least one of the keys mentioned in the command",
+        "ERR ACL failure in script: User triage-worker has no permissions to run the 'xack' command",  # 7.2, Valkey
+        "NOPERM this user has no permissions to run the 'set' command or its subcommand",  # a direct command
     ],
 )
 def test_a_refused_permission_is_told_apart_from_a_passing_refusal(message):
     from worker.stream.sink import is_permission_error
 
     assert is_permission_error(message)
-    assert not is_permission_error("XADD triage:results: OOM command not allowed when used memory > 'maxmemory'.")
+    assert not is_permission_error("OOM command not allowed when used memory > 'maxmemory'.")

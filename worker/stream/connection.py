@@ -37,7 +37,7 @@ TRANSIENT_CODES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
 # States of a reachable Redis that pass without a change to the worker's settings: a script running (BUSY), a failed
 # background save under stop-writes-on-bgsave-error (MISCONF), memory full under noeviction (OOM). At start-up the
 # worker waits them out as it waits for Redis; while running, a write is retried anyway.
-PASSING_CODES = ("BUSY", "MISCONF", "OOM")
+PASSING_CODES = ("BUSY ", "MISCONF ", "OOM ")  # with the space: BUSYGROUP and BUSYKEY are not states
 
 
 def is_transient(exc: BaseException) -> bool:

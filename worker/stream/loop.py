@@ -25,7 +25,7 @@ from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink, WriteRefused
 from worker.stream.sizing import WindowSizer
-from worker.stream.startup import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, Started, release, start
+from worker.stream.startup import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, PERMISSION_FIX, Started, release, start
 from worker.stream.window import Window, pass_outcome, rejections
 from worker.stream.writer import PassWrite, WindowJob, Writer, WriterFailed
 
@@ -201,12 +201,11 @@ class _Loop:
             )
             return EXIT_FAILED, "a results or dead-letter key holds another type"
         if isinstance(e, WriteRefused):
-            self.log.error(
+            self.log.error(  # the ACL changed while the worker ran (start-up checks the same commands)
                 "permission_denied",
                 error=str(e),
-                action="stopping (exit 2): nothing of that write was acknowledged; give the worker's ACL user the "
-                "command and key named (docs/reliability.md, the ACL line), then restart: the records written "
-                "before the refusal are written again then (same stream_id)",
+                action=f"stopping (exit 2): nothing of that write was acknowledged; {PERMISSION_FIX}: the records "
+                "written before the refusal are written again then (same stream_id)",
             )
             return EXIT_CONFIG, "Redis refuses the worker a command or key it needs"
         self.log.error("writer_crashed", error=f"{type(e).__name__}: {e}")

@@ -126,7 +126,7 @@ end
 local kidx, written, err = 5, 0, ''
 local function try(cmd, key, ...)  -- the first refusal, with the command and key it hit (NOPERM names neither)
   local r = redis.pcall(cmd, key, ...)
-  if type(r) == 'table' and r['err'] and err == '' then err = cmd .. ' ' .. key .. ': ' .. r['err'] end
+  if type(r) == 'table' and r['err'] and err == '' then err = cmd .. ' ' .. key .. '\t' .. r['err'] end
 end
 local layouts = {}
 for l = 1, tonumber(ARGV[i]) do
@@ -154,6 +154,7 @@ while i <= #ARGV do
     if key and not holds_later(key, sid) then try('SET', key, value, 'EX', ARGV[5]) end
     written = written + 1
   end
+  if err ~= '' then break end  -- the rest would only be written again by the retry
 end
 local out = {written, 0, err}
 for _, id in ipairs(skipped) do out[#out + 1] = id end
@@ -161,7 +162,7 @@ if err ~= '' then return out end  -- a record failed (e.g. OOM): ack nothing, th
 for s = 1, #acks, 1000 do
   local r = redis.pcall('XACK', stream, group, unpack(acks, s, math.min(s + 999, #acks)))
   if type(r) == 'table' and r['err'] then  -- refused (an ACL without XACK): the records stand, nothing acked
-    out[3] = 'XACK ' .. stream .. ': ' .. r['err']
+    out[3] = 'XACK ' .. stream .. '\t' .. r['err']
     return out
   end
 end

@@ -51,6 +51,45 @@ def is_permission_error(message: str) -> bool:
     return bool(_PERMISSION.search(message))
 
 
+def refused_commands(
+    client: redis.Redis,
+    *,
+    input_stream: str,
+    group: str,
+    results_stream: str,
+    dead_letter_stream: str,
+    result_key_prefix: str,
+) -> list[str]:
+    """The settle script's commands Redis refuses this client on the keys it writes (ACL), found without writing.
+
+    Asked at start-up, before the worker reads: a refusal found by a write comes after its entries were
+    delivered, and every restart of a worker that stops on it would count one more delivery of them (dead
+    letters after TRIAGE_MAX_DELIVERIES). Each probe passes the real command's ACL check on a real key and then
+    does nothing: XACK of id 0-0, a one-entry XPENDING, XADD NOMKSTREAM with id 0-0 (refused: ids start above
+    it), GET, and SET with expiry 0 (refused)."""
+    key = result_key_prefix + "permission-probe"
+    probes = [
+        ("XACK", input_stream, group, "0-0"),
+        ("XPENDING", input_stream, group, "-", "+", "1"),
+        ("XADD", results_stream, "NOMKSTREAM", "0-0", "probe", "1"),
+        ("XADD", dead_letter_stream, "NOMKSTREAM", "0-0", "probe", "1"),
+        ("GET", key),
+        ("SET", key, "1", "EX", "0"),
+    ]
+    pipe = client.pipeline(transaction=False)
+    for p in probes:
+        if p[0] == "XPENDING":  # the range form (redis-py parses a bare XPENDING reply as the summary form)
+            pipe.xpending_range(input_stream, group, min="-", max="+", count=1)
+        else:
+            pipe.execute_command(*p)
+    replies = pipe.execute(raise_on_error=False)
+    return [
+        f"{p[0]} {p[1]}: {r}"
+        for p, r in zip(probes, replies)
+        if isinstance(r, redis.RedisError) and is_permission_error(str(r))
+    ]
+
+
 class WriteFailed(RuntimeError):
     """Redis refused a record (e.g. OOM). Nothing was acknowledged; retrying is safe (records already
     written in the failed attempt may be written again: duplicates after a fault, same stream_id)."""
@@ -166,12 +205,12 @@ class ResultSink:
             if is_permission_error(str(e)):
                 raise WriteRefused(str(e)) from e
             raise
-        error = as_text(reply[2])
+        where, _, error = as_text(reply[2]).rpartition("\t")  # "XADD triage:results", Redis's own words
         not_ours = [as_text(i) for i in reply[3:]]
-        if error and is_permission_error(error):
-            raise WriteRefused(f"Redis refused the worker a command, nothing acknowledged: {error}")
+        if error and is_permission_error(error):  # Redis's words only: the key may hold a ticket id
+            raise WriteRefused(f"Redis refused the worker a command, nothing acknowledged: {where}: {error}")
         if error:
-            raise WriteFailed(f"Redis refused a record, nothing acknowledged: {error}")
+            raise WriteFailed(f"Redis refused a record, nothing acknowledged: {where}: {error}")
         return Written(outcome.only(set(outcome.ack_ids) - set(not_ours)) if not_ours else outcome, not_ours)
 
 

@@ -18,9 +18,14 @@ from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT
 from worker.stream.connection import Backoff, connect, is_passing, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
+from worker.stream.sink import refused_commands
 from worker.stream.source import StreamSource
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
+PERMISSION_FIX = (
+    "give the worker's ACL user the commands and keys named (docs/reliability.md, the ACL line; widen its ~triage:* "
+    "if the streams are renamed), then restart"
+)
 
 
 @dataclass
@@ -197,13 +202,24 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                         fix="rename the key or point TRIAGE_*_STREAM elsewhere",
                     )
                     return "config"
+            refused = refused_commands(
+                source.client,
+                input_stream=settings.input_stream,
+                group=settings.group,
+                results_stream=settings.results_stream,
+                dead_letter_stream=settings.dead_letter_stream,
+                result_key_prefix=settings.result_key_prefix,
+            )
+            if refused:
+                log.error("permission_denied", error="; ".join(refused), action=PERMISSION_FIX)
+                return "config"
             if backoff.reset():
                 log.info("redis_reconnected", op="setup")
             if created is not None:
                 log.info("group_created", stream=settings.input_stream, group=settings.group, start_id=created)
             return "ok"
         except Exception as e:  # noqa: BLE001
-            if not is_passing(e):  # NOPERM, WRONGTYPE, a wrong password: the settings' to fix
+            if not is_passing(e):  # NOPERM, WRONGTYPE: the settings' to fix (a wrong password waits: a ConnectionError)
                 log.error("setup_failed", error=f"{type(e).__name__}: {e}")
                 return "config"
             waited_s = time.monotonic() - t0

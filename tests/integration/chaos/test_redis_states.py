@@ -36,12 +36,31 @@ def test_start_up_waits_out_a_replica_that_cannot_take_writes(launch, chaos_redi
     assert t.lost == [] and t.duplicates == 0
 
 
-def test_a_command_the_acl_refuses_inside_the_write_stops_the_worker_instead_of_rewriting(
+def test_a_command_the_acl_refuses_stops_the_worker_at_start_up_before_it_reads(
     launch, redis_server_factory, tiny_model_dir, tmp_path
 ):
-    without_xack = WORKER_ACL.replace(" +xack", "")
-    assert without_xack != WORKER_ACL
-    server = redis_server_factory(acl_users={"triage-worker": "pw-1"}, acl_rules={"triage-worker": without_xack})
+    """Found by a write, every restart of a worker that stops on it would count one more delivery of the window's
+    entries (dead letters after TRIAGE_MAX_DELIVERIES); found at start-up, nothing was read."""
+    without_set = WORKER_ACL.replace(" +set", "")
+    assert without_set != WORKER_ACL
+    server = redis_server_factory(acl_users={"triage-worker": "pw-1"}, acl_rules={"triage-worker": without_set})
+    env = worker_env(tiny_model_dir, server.url_as(user="triage-worker"), tmp_path, TRIAGE_CONSUMER="acl-a")
+    admin = server.client()
+    push(admin, env["TRIAGE_INPUT_STREAM"], synth_tickets(4, seed=4, prefix="acl"))
+    for _ in range(2):  # a restart finds the same, and still reads nothing
+        w = launch(env, ready=False)
+        assert w.wait(timeout_s=180) == 2, w.stderr_tail()
+        (denied,) = w.events("permission_denied")
+        assert "SET " in denied["error"] and "XACK" not in denied["error"] and "ACL" in denied["action"]
+        assert not w.events("model_loaded")
+    assert admin.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] == 0
+    assert not admin.exists(env["TRIAGE_RESULTS_STREAM"])
+
+
+def test_a_command_the_acl_takes_away_while_running_stops_the_worker_instead_of_rewriting(
+    launch, redis_server_factory, tiny_model_dir, tmp_path
+):
+    server = redis_server_factory(acl_users={"triage-worker": "pw-1"}, acl_rules={"triage-worker": WORKER_ACL})
     env = worker_env(
         tiny_model_dir,
         server.url_as(user="triage-worker"),
@@ -49,14 +68,15 @@ def test_a_command_the_acl_refuses_inside_the_write_stops_the_worker_instead_of_
         TRIAGE_WINDOW_MAX_ITEMS=4,
         TRIAGE_PASS_MAX_ITEMS=4,
         TRIAGE_RECONNECT_MAX_S=1,
-        TRIAGE_CONSUMER="acl-a",
+        TRIAGE_CONSUMER="acl-b",
     )
     admin = server.client()
+    w = launch(env)
+    admin.execute_command("ACL", "SETUSER", "triage-worker", "-xack")
     push(admin, env["TRIAGE_INPUT_STREAM"], synth_tickets(12, seed=4, prefix="acl"))
-    w = launch(env, ready=False)
     assert w.wait(timeout_s=180) == 2, w.stderr_tail()
     (denied,) = w.events("permission_denied")
     assert "XACK" in denied["error"] and "ACL" in denied["action"]
-    # one write's records, not one per retry; nothing acknowledged: every entry is still pending, to settle later
+    # one write's records, not one per retry; nothing acknowledged: its entries are still pending, to settle later
     assert admin.xlen(env["TRIAGE_RESULTS_STREAM"]) <= 4
     assert admin.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] >= 1
