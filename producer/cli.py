@@ -301,9 +301,10 @@ def _partial(e: BaseException) -> str:
     """What a send that Redis interrupted had sent (``TriageClient.submit_many``), if it was one."""
     if not hasattr(e, "submitted"):
         return ""
-    unsure = len(getattr(e, "unconfirmed", []))
-    if not unsure:  # Redis answered every ticket: those it refused were not added
-        return f" ({len(e.submitted)} tickets sent; the rest were not)"
+    unsure, refused = len(getattr(e, "unconfirmed", [])), getattr(e, "refused", [])
+    if refused:  # Redis answered every ticket of the chunk: those it refused were not added
+        shown = ", ".join(refused[:5]) + (" ..." if len(refused) > 5 else "")
+        return f" ({len(e.submitted)} tickets sent; {len(refused)} refused, not sent: {shown}; none after that chunk)"
     return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
 
 

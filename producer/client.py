@@ -88,8 +88,10 @@ class TriageClient:
         A list or tuple is checked whole first: a bad ticket raises ``InvalidTicket`` with nothing sent. Any other
         iterable is checked as it is read. Whatever stops the call part-way (``InvalidTicket``, ``BacklogFull``, a
         Redis error) carries ``submitted``, what was sent, so a caller can resume without duplicates; a Redis
-        error also carries ``unconfirmed``, the ticket ids of the chunk whose reply was lost (sent or not; empty when
-        Redis refused a ticket: every reply came back, and ``submitted`` has each ticket it did add).
+        error also carries ``unconfirmed``, the ticket ids of the chunk whose reply was lost (sent or not), and
+        ``refused``, those Redis answered with an error (OOM under maxmemory): not added. When Redis refused some,
+        every reply came back: ``submitted`` has each ticket it added, also after a refused one, and a resume
+        re-sends the refused ones and everything after the first ``len(submitted) + len(refused)`` tickets.
         """
         s = self.settings
         size = min(s.submit_chunk_size, s.input_max_backlog) if s.input_max_backlog else s.submit_chunk_size
@@ -121,13 +123,15 @@ class TriageClient:
             e.submitted, e.unconfirmed = list(done), [tid for tid, _ in chunk]  # type: ignore[attr-defined]
             raise
         # every reply came back: an error reply (OOM, READONLY, NOPERM) means that ticket was not added; an id, it was
-        done.extend(Submitted(tid, as_str(r)) for (tid, _), r in zip(chunk, replies) if not isinstance(r, Exception))
-        refused = next((r for r in replies if isinstance(r, Exception)), None)
-        if refused is not None:
-            refused.submitted, refused.unconfirmed = list(done), []  # type: ignore[attr-defined]
-            raise refused
-        if on_progress:
-            on_progress(len(chunk))
+        added = [Submitted(tid, as_str(r)) for (tid, _), r in zip(chunk, replies) if not isinstance(r, Exception)]
+        done.extend(added)
+        if on_progress and added:
+            on_progress(len(added))
+        first = next((r for r in replies if isinstance(r, Exception)), None)
+        if first is not None:  # a resume re-sends these, then whatever came after this chunk
+            refused = [tid for (tid, _), r in zip(chunk, replies) if isinstance(r, Exception)]
+            first.submitted, first.unconfirmed, first.refused = list(done), [], refused  # type: ignore[attr-defined]
+            raise first
 
     # ---------------------------------------------------------- backpressure
     def backlog(self) -> int:

@@ -174,9 +174,37 @@ def test_a_ticket_redis_refuses_mid_chunk_leaves_the_ones_it_added_in_submitted(
             client.submit_many([{"text": f"{i} " + "x" * 800} for i in range(2000)])
         e = refused.value
         assert "OOM" in str(e) or isinstance(e, redis.exceptions.OutOfMemoryError)
-        assert e.unconfirmed == [] and 0 < len(e.submitted) < 2000
+        assert e.unconfirmed == [] and 0 < len(e.submitted) < 2000 and e.refused
         in_stream = {sid.decode() for sid, _ in own.xrange(settings.input_stream)}
         assert {s.stream_id for s in e.submitted} == in_stream
+        # every ticket up to the end of the refused chunk was answered: added (submitted) or refused, never both
+        sent = {s.ticket_id for s in e.submitted}
+        assert not sent & set(e.refused) and len(sent) + len(e.refused) <= 2000
+
+
+def test_replies_that_mix_ids_and_refusals_say_which_were_refused(settings, monkeypatch, capsys):
+    """Redis checks memory before each command, and other clients free some between them: b refused, c and d
+    added. A resume must re-send b, not start after len(submitted)."""
+    client = TriageClient(settings.model_copy(update={"input_max_backlog": 0}))
+
+    class Replies:  # the pipeline's own replies, in order (pure logic: which ticket got which)
+        def __init__(self):
+            self.n = 0
+
+        def xadd(self, *a, **kw):
+            self.n += 1
+
+        def execute(self, raise_on_error=True):
+            return ["1-1", redis.exceptions.OutOfMemoryError("command not allowed"), "1-3", "1-4"][: self.n]
+
+    monkeypatch.setattr(client.redis, "pipeline", lambda transaction=False: Replies())
+    with pytest.raises(redis.ResponseError) as refused:
+        client.submit_many([{"id": t, "text": "x"} for t in "abcd"])
+    e = refused.value
+    assert [s.ticket_id for s in e.submitted] == ["a", "c", "d"] and e.refused == ["b"] and e.unconfirmed == []
+    from producer.cli import _partial
+
+    assert "1 refused, not sent: b" in _partial(e)
 
 
 def test_a_redis_error_part_way_through_a_send_says_what_was_sent(r, settings, monkeypatch):
