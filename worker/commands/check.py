@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worker import preflight
+    from worker import key_checks, preflight
     from worker.redact import mask_secrets
 
     settings, problems = preflight.load_settings()
@@ -44,12 +44,12 @@ def run(args: argparse.Namespace) -> int:
             if down:
                 problems.append(down)
             else:
-                keys = preflight.stream_key_problems(settings.redis_url, settings)
+                keys = key_checks.stream_key_problems(settings.redis_url, settings)
                 problems += keys
                 if not keys:
                     ok.append(f"redis: {mask_secrets(settings.redis_url)} reachable; stream keys ok")
                 if "TRIAGE_CONSUMER" in os.environ:  # the default name (<hostname>-<pid>) is this process's own
-                    ok.append(_consumer_line(settings, preflight.consumer_holder(settings.redis_url, settings)))
+                    ok.append(_consumer_line(settings, key_checks.consumer_holder(settings.redis_url, settings)))
         if args.model and not problems:
             ok.append(_load_model(settings, problems))
     for line in ok:

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import redis
 
-    from worker import preflight
+    from worker import key_checks, preflight
     from worker.logs import mask_url
     from worker.observability.status import Target
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         s.redis_url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True, encoding_errors="replace"
     )
     try:
-        return _loop(client, target, url, args, preflight.stream_keys(s))
+        return _loop(client, target, url, args, key_checks.stream_keys(s))
     except KeyboardInterrupt:  # Ctrl-C ends a watch
         return 0
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def _loop(client, target, url: str, args: argparse.Namespace, streams: dict[str, str]) -> int:
     import redis
 
-    from worker import preflight
+    from worker import key_checks, preflight
     from worker.observability.status import collect
     from worker.observability.status_view import render
 
@@ -80,7 +80,7 @@ def _loop(client, target, url: str, args: argparse.Namespace, streams: dict[str,
     while True:
         try:
             # a stream setting naming a key of another type is a configuration error (exit 2), not Redis trouble
-            wrong = preflight.stream_type_problems(client, streams)
+            wrong = key_checks.stream_type_problems(client, streams)
             if wrong:
                 for p in wrong:
                     print(f"triage-worker status: {p}", file=sys.stderr)

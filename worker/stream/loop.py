@@ -76,19 +76,7 @@ class _Loop:
         self.log = started.log
         self.drain = drain
         self.guard = GroupGuard(self.source, self.log)
-        self.sink = ResultSink(
-            started.client,
-            input_stream=settings.input_stream,
-            group=settings.group,
-            results_stream=settings.results_stream,
-            dead_letter_stream=settings.dead_letter_stream,
-            result_key_prefix=settings.result_key_prefix,
-            result_ttl_s=settings.result_ttl_s,
-            results_maxlen=settings.results_maxlen,
-            dead_letter_maxlen=settings.dead_letter_maxlen,
-            consumer=settings.consumer,
-            trim_input=settings.input_trim,
-        )
+        self.sink = ResultSink.for_worker(started.client, settings)
         self.heartbeat = started.heartbeat
         self.status = started.status
         self.keeper = started.keeper

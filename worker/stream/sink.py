@@ -51,45 +51,6 @@ def is_permission_error(message: str) -> bool:
     return bool(_PERMISSION.search(message))
 
 
-def refused_commands(
-    client: redis.Redis,
-    *,
-    input_stream: str,
-    group: str,
-    results_stream: str,
-    dead_letter_stream: str,
-    result_key_prefix: str,
-) -> list[str]:
-    """The settle script's commands Redis refuses this client on the keys it writes (ACL), found without writing.
-
-    Asked at start-up, before the worker reads: a refusal found by a write comes after its entries were
-    delivered, and every restart of a worker that stops on it would count one more delivery of them (dead
-    letters after TRIAGE_MAX_DELIVERIES). Each probe passes the real command's ACL check on a real key and then
-    does nothing: XACK of id 0-0, a one-entry XPENDING, XADD NOMKSTREAM with id 0-0 (refused: ids start above
-    it), GET, and SET with expiry 0 (refused)."""
-    key = result_key_prefix + "permission-probe"
-    probes = [
-        ("XACK", input_stream, group, "0-0"),
-        ("XPENDING", input_stream, group, "-", "+", "1"),
-        ("XADD", results_stream, "NOMKSTREAM", "0-0", "probe", "1"),
-        ("XADD", dead_letter_stream, "NOMKSTREAM", "0-0", "probe", "1"),
-        ("GET", key),
-        ("SET", key, "1", "EX", "0"),
-    ]
-    pipe = client.pipeline(transaction=False)
-    for p in probes:
-        if p[0] == "XPENDING":  # the range form (redis-py parses a bare XPENDING reply as the summary form)
-            pipe.xpending_range(input_stream, group, min="-", max="+", count=1)
-        else:
-            pipe.execute_command(*p)
-    replies = pipe.execute(raise_on_error=False)
-    return [
-        f"{p[0]} {p[1]}: {r}"
-        for p, r in zip(probes, replies)
-        if isinstance(r, redis.RedisError) and is_permission_error(str(r))
-    ]
-
-
 class WriteFailed(RuntimeError):
     """Redis refused a record (e.g. OOM). Nothing was acknowledged; retrying is safe (records already
     written in the failed attempt may be written again: duplicates after a fault, same stream_id)."""
@@ -151,8 +112,56 @@ class ResultSink:
         self.consumer = consumer  # None: write everything given, no ownership check (tools, tests)
         self.trim_input = trim_input
 
+    @classmethod
+    def for_worker(cls, client: redis.Redis, settings) -> ResultSink:
+        """The stream worker's sink, from its ``Settings``."""
+        return cls(
+            client,
+            input_stream=settings.input_stream,
+            group=settings.group,
+            results_stream=settings.results_stream,
+            dead_letter_stream=settings.dead_letter_stream,
+            result_key_prefix=settings.result_key_prefix,
+            result_ttl_s=settings.result_ttl_s,
+            results_maxlen=settings.results_maxlen,
+            dead_letter_maxlen=settings.dead_letter_maxlen,
+            consumer=settings.consumer,
+            trim_input=settings.input_trim,
+        )
+
     def result_key(self, ticket_id: str) -> str:
         return self.result_key_prefix + ticket_id
+
+    def refused_commands(self) -> list[str]:
+        """The settle script's commands Redis refuses this client on the keys it writes (ACL), found without writing.
+
+        Asked at start-up, before the worker reads: a refusal found by a write comes after its entries were
+        delivered, and every restart of a worker that stops on it would count one more delivery of them (dead
+        letters after TRIAGE_MAX_DELIVERIES). Each probe passes the real command's ACL check on a real key and then
+        does nothing: XACK of id 0-0, a one-entry XPENDING, XADD NOMKSTREAM with id 0-0 (refused: ids start above
+        it), GET, and SET with expiry 0 (refused)."""
+        key = self.result_key("permission-probe")
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command("XACK", self.input_stream, self.group, "0-0")
+        pipe.xpending_range(self.input_stream, self.group, min="-", max="+", count=1)
+        for stream in (self.results_stream, self.dead_letter_stream):
+            pipe.execute_command("XADD", stream, "NOMKSTREAM", "0-0", "probe", "1")
+        pipe.execute_command("GET", key)
+        pipe.execute_command("SET", key, "1", "EX", "0")
+        probed = [
+            ("XACK", self.input_stream),
+            ("XPENDING", self.input_stream),
+            ("XADD", self.results_stream),
+            ("XADD", self.dead_letter_stream),
+            ("GET", key),
+            ("SET", key),
+        ]
+        replies = pipe.execute(raise_on_error=False)
+        return [
+            f"{cmd} {on}: {r}"
+            for (cmd, on), r in zip(probed, replies)
+            if isinstance(r, redis.RedisError) and is_permission_error(str(r))
+        ]
 
     def write(self, outcome: Outcome) -> Written:
         """Results (+ latest keys), dead letters (+ key if the id is known) and XACK, in one atomic script.

@@ -18,7 +18,7 @@ from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT
 from worker.stream.connection import Backoff, connect, is_passing, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
-from worker.stream.sink import refused_commands
+from worker.stream.sink import ResultSink
 from worker.stream.source import StreamSource
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
@@ -202,14 +202,7 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                         fix="rename the key or point TRIAGE_*_STREAM elsewhere",
                     )
                     return "config"
-            refused = refused_commands(
-                source.client,
-                input_stream=settings.input_stream,
-                group=settings.group,
-                results_stream=settings.results_stream,
-                dead_letter_stream=settings.dead_letter_stream,
-                result_key_prefix=settings.result_key_prefix,
-            )
+            refused = ResultSink.for_worker(source.client, settings).refused_commands()
             if refused:
                 log.error("permission_denied", error="; ".join(refused), action=PERMISSION_FIX)
                 return "config"
