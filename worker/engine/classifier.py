@@ -42,7 +42,7 @@ from worker.engine.pipeline import run_ahead
 from worker.engine.prompt import PromptTemplate, build_template, encoder_template
 from worker.engine.results import PassOutput, in_input_order, pass_cost, predictions, softmax
 from worker.engine.results import decide as decide
-from worker.engine.scoring import HeadRequired, PromptScorer, Scorer
+from worker.engine.scoring import Scorer, default_scorer
 from worker.engine.task import Task
 
 # Re-exported (with softmax, decide, backbone_name): these used to live here and callers outside the
@@ -105,10 +105,13 @@ class Classifier:
         self._set_scoring(scorer, score_bias)
         # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
-        self.attention = (
-            pick_attention(self.options.attention, self.model.device) if self.kind == "decoder" else "padded"
-        )
-        cfg = self.model.config
+        # a sliding window or soft-capped logits: the fast paths would not be the model's own attention (checked first:
+        # no kernel self-test for a packed path that will not run)
+        cfg, cont = self.model.config, getattr(self.scorer, "labels", _NO_LABELS).max_continuation
+        decoder = self.kind == "decoder"
+        self.fast_paths = fast_paths(cfg, self.prefix_length + self.framing.max_row + cont) if decoder else FastPaths()
+        wanted = pick_attention(self.options.attention, self.model.device) if decoder else "padded"
+        self.attention = self.fast_paths.allowed(wanted, self.options.prefix_cache, log)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kernel = self.options.attention_kernel
         self.attention_kernel = varlen.pick_kernel(kernel, self.model.device, self.model.dtype, head_dim)
@@ -117,16 +120,6 @@ class Classifier:
             if problem:
                 log.warning("packed attention falls back to the torch kernel: %s", problem)
                 self.attention_kernel = "torch"
-        # a sliding window or soft-capped logits: the fast paths would not be the model's own attention
-        cont = getattr(self.scorer, "labels", _NO_LABELS).max_continuation
-        self.fast_paths = fast_paths(cfg, self.prefix_length + self.framing.max_row + cont)
-        if self.kind != "decoder":
-            self.fast_paths = FastPaths()
-        if self.attention == "packed" and self.fast_paths.packed:
-            log.warning("packed attention is off for this model: %s", self.fast_paths.packed)
-            self.attention = "padded"
-        if self.options.prefix_cache and self.fast_paths.prefix_cache:
-            log.warning("the prompt prefix cache is off for this model: %s", self.fast_paths.prefix_cache)
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         # classify_passes queues the next pass before yielding one (on CPU a launched pass has run: nothing overlaps)
         ahead = self.options.lookahead
@@ -150,17 +143,7 @@ class Classifier:
     def _set_scoring(self, scorer: Scorer | None, score_bias) -> None:
         if scorer is not None and tuple(scorer.names) != self.labels:
             raise ValueError(f"scorer labels {list(scorer.names)} != task labels {list(self.labels)}")
-        if scorer is None and self.needs_head:
-            scorer = HeadRequired(
-                self.labels,
-                f"{self.model_name} has no label tokens to score: it needs a head "
-                "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)",
-            )
-        if scorer is None:
-            t = self.template
-            labels = LabelTokens.build(self.tokenizer, self.labels, t.label_lead, t.answer_end)
-            scorer = PromptScorer(self.model, labels)
-        self.scorer: Scorer = scorer
+        self.scorer: Scorer = scorer or default_scorer(self)
         bias = np.zeros(len(self.labels)) if score_bias is None else np.asarray(score_bias, dtype=np.float64)
         if bias.shape != (len(self.labels),):
             raise ValueError(f"score_bias needs one value per label ({len(self.labels)}), got shape {bias.shape}")

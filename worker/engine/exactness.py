@@ -26,6 +26,15 @@ class FastPaths:
     # row the padding slots would push real tokens out of the continuation's window
     continuations_alone: str | None = None
 
+    def allowed(self, attention: str, prefix_cache: bool, log) -> str:
+        """The attention a classifier may run of the one it wants; logs each fast path wanted and ruled out."""
+        if attention == "packed" and self.packed:
+            log.warning("packed attention is off for this model: %s", self.packed)
+            attention = "padded"
+        if prefix_cache and self.prefix_cache:
+            log.warning("the prompt prefix cache is off for this model: %s", self.prefix_cache)
+        return attention
+
 
 def fast_paths(config: Any, longest: int) -> FastPaths:
     """What the fast paths can do for rows of up to ``longest`` tokens (prefix + ticket + label continuation)."""

@@ -119,6 +119,19 @@ def _continuation_rows(seqs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return inp, padded_rows([s[1:] for s in seqs], 0)[0], valid
 
 
+def default_scorer(clf) -> Scorer:
+    """What a classifier scores with when given no scorer: its label tokens, or (an encoder, joined features: no
+    label tokens) a placeholder that says a head is needed."""
+    if clf.needs_head:
+        return HeadRequired(
+            clf.labels,
+            f"{clf.model_name} has no label tokens to score: it needs a head "
+            "(TRIAGE_HEAD_PATH from `triage-worker fit`, or task examples for every label)",
+        )
+    t = clf.template
+    return PromptScorer(clf.model, LabelTokens.build(clf.tokenizer, clf.labels, t.label_lead, t.answer_end))
+
+
 class HeadRequired:
     """The scorer of a backbone without label tokens (an encoder, joined features) until a head is set."""
 
