@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from worker.assemble import (
-    AUTO_METHOD,
-    AUTO_POOLING,
     build_classifier,
     features_classifier,
     prompt_scoring,
@@ -34,6 +32,7 @@ from worker.quality.data import Labelled
 from worker.quality.features import Features, run_features
 from worker.quality.fewshot import pick_examples
 from worker.quality.head import fit_head_for, prompt_hash
+from worker.quality.worker_default import describe_method, is_method, worker_default
 
 VARIANTS = ("zero-shot", "descriptions", "few-shot", "task", "head")
 THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
@@ -194,7 +193,7 @@ def evaluate_all(
         default["variant"] = base_name
     fine = sorted({r.label for r in head_train}) if want_head and cfg.groups and head_train else None
     return {
-        "worker_default": next((m["name"] for m in results if _is_method(m, default)), None),
+        "worker_default": next((m["name"] for m in results if is_method(m, default)), None),
         "worker_runs": describe_method(default),
         "labels": labels,
         "n_test": len(test),
@@ -307,46 +306,6 @@ def _score_head_file(
         "head_file": str(path),
     }
     return [score_method(f"{name} {head.method}/{head.pooling}", probs, labels, gold, extra)]
-
-
-def worker_default(settings, base: Task, head_file: Path | None) -> dict:
-    """What a worker started with these settings would score with (see worker.assemble), as the fields of the
-    measured method that is exactly it: ``method`` and, for prompt scoring, ``variant`` and ``calibration``; for a
-    head file (``TRIAGE_HEAD_PATH``, the shipped one) its ``head_file``; for the start-up head its ``name``.
-    ``evaluate_all`` reports the method that matches all of them, or none (not measured)."""
-    prompt = {"method": "prompt", "variant": "task", "calibration": settings.calibration}
-    if settings.scorer == "prompt":
-        return prompt
-    if head_file is not None:
-        return {"method": "head", "head_file": str(head_file)}
-    if settings.scorer == "auto":
-        shipped = shipped_head_for(settings.model + (f"+{settings.encoder}" if settings.encoder else ""), base)
-        if shipped is not None:
-            return {"method": "head", "head_file": str(shipped)}
-    if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
-        return {"method": "head", "name": f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"}
-    return prompt
-
-
-def _is_method(m: dict, want: dict) -> bool:
-    """``m`` (a report entry) is the method ``want`` (``worker_default``) describes: every field equal, head files
-    compared as the files they name."""
-    for key, value in want.items():
-        if key == "head_file":
-            if m.get(key) is None or Path(m[key]).resolve() != Path(value).resolve():
-                return False
-        elif m.get(key) != value:
-            return False
-    return True
-
-
-def describe_method(want: dict) -> str:
-    """``worker_default``'s answer in words (the report's ``worker_runs``: said also when it was not measured)."""
-    if "head_file" in want:
-        return f"head file {want['head_file']}"
-    if "name" in want:
-        return want["name"]
-    return f"prompt '{want['variant']}', calibration {want['calibration']}"
 
 
 def _fit(cfg: EvalConfig, x: np.ndarray, y: Sequence[str], labels, method: str, pooling: str, groups=None):
