@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):  # tokenize threads: the worker's setting
         os.environ.setdefault(k, v)
     try:
-        modes = _mode_keys(args.modes)
+        from worker.bench.modes import mode_keys
+
+        modes = mode_keys(args.modes)
         sweep = [(i, t) for i in _ints(args.sweep_items) for t in _ints(args.sweep_tokens)] if args.sweep else []
     except ValueError as e:
         print(f"triage-bench: {e}", file=sys.stderr)
@@ -191,6 +193,7 @@ def _run(
     from worker.bench import report
     from worker.bench import workload as wl
     from worker.bench.gemm import ModelShape, measure_gemm
+    from worker.bench.hardware import hardware
     from worker.bench.modes import MODE_ORDER, MODES, run_modes, run_sweep, warm_up
 
     t_start = time.perf_counter()
@@ -213,7 +216,7 @@ def _run(
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": args.argv,
         "quick": args.quick,
-        "hardware": {**report.hardware(first), "torch_default_threads": default_threads},
+        "hardware": {**hardware(first), "torch_default_threads": default_threads},
         "model": {
             "name": settings.model,
             "label": args.model_label,
@@ -382,20 +385,6 @@ def _bar(args, total: int, desc: str):
     return tqdm(
         total=total, desc=desc[:48], unit="tk", file=sys.stderr, leave=False, disable=True if args.no_progress else None
     )
-
-
-def _mode_keys(spec: str) -> list[str]:
-    from worker.bench.modes import MODE_ORDER
-
-    out = []
-    for tok in (t.strip() for t in spec.split(",")):
-        if tok and (not tok.isdigit() or not 1 <= int(tok) <= len(MODE_ORDER)):
-            raise ValueError(f"--modes takes numbers 1-{len(MODE_ORDER)}, got {tok!r}")
-        if tok:
-            out.append(MODE_ORDER[int(tok) - 1])
-    if not out:
-        raise ValueError("--modes selects nothing")
-    return sorted(set(out), key=MODE_ORDER.index)
 
 
 def _ints(spec: str) -> list[int]:

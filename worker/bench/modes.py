@@ -279,3 +279,16 @@ def warm_graphs(clf, items: Sequence, plans: Sequence[Sequence[bucketing.Pass]])
             shapes.setdefault(shape_for(Layout.build([len(items[i].ids) + carried for i in b.indices])), b)
     wall_s = capture_plan(clf, items, list(shapes.values()))  # one pass per shape: captured now, not when it returns
     return {"wall_s": wall_s, "passes": len(shapes), **(clf.graph_stats() or {})}
+
+
+def mode_keys(spec: str) -> list[str]:
+    """``--modes 1,3,5`` -> the modes' keys, in mode order."""
+    out = []
+    for tok in (t.strip() for t in spec.split(",")):
+        if tok and (not tok.isdigit() or not 1 <= int(tok) <= len(MODE_ORDER)):
+            raise ValueError(f"--modes takes numbers 1-{len(MODE_ORDER)}, got {tok!r}")
+        if tok:
+            out.append(MODE_ORDER[int(tok) - 1])
+    if not out:
+        raise ValueError("--modes selects nothing")
+    return sorted(set(out), key=MODE_ORDER.index)
