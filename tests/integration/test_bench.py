@@ -191,30 +191,12 @@ def test_packed_mode5_with_subsampled_baselines(tiny_model_dir, tmp_path, monkey
     monkeypatch.setenv("TRIAGE_SCORER", "prompt")
     out = tmp_path / "p.json"
     rc = cli.main(
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--device",
-            "cpu",
-            "--dtype",
-            "fp32",
-            "--n",
-            "8",
-            "--fixed-batch",
-            "2",
-            "--attention",
-            "packed",
-            "--sequential-n",
-            "3",
-            "--baseline-n",
-            "5",
-            "--no-interleave",
-            "--gemm-tokens",
-            "32",
-            "--json",
-            str(out),
-            "--no-progress",
-        ]
+        _bench_args(
+            tiny_model_dir,
+            out,
+            *("--n", "8", "--fixed-batch", "2", "--attention", "packed"),
+            *("--sequential-n", "3", "--baseline-n", "5", "--no-interleave"),
+        )
     )
     assert rc == 0
     doc = json.loads(out.read_text())
