@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, SecretStr
 
-from worker.engine.types import ConfigError
+from worker.scorer_plan import ScorerPlan, ScoringConfigError, plan_scorer
 from worker.settings import ENV_PREFIX, Settings, deprecated_env_in_use
 
 if TYPE_CHECKING:
@@ -62,10 +62,6 @@ AUTO_METHOD, AUTO_POOLING = "centroid", "mean"
 _warned: set[str] = set()
 
 
-class ScoringConfigError(ConfigError):
-    """TRIAGE_SCORER / TRIAGE_HEAD_PATH ask for something this model and task cannot do."""
-
-
 # ---------------------------------------------------------------------------- build
 def build_classifier(
     settings: Settings,
@@ -82,10 +78,12 @@ def build_classifier(
     loaded, encoder = backbones(settings, loaded, encoder)
     task = task or task_from_settings(settings)
     name = backbone_name(loaded, encoder)
-    head_prompt = settings.head_prompt if planned_scorer(settings, task, loaded.kind, name) == "head" else "task"
+    needs_head = loaded.kind != "decoder" or encoder is not None  # Classifier.needs_head, before there is one
+    plan = plan_scorer(settings.scorer, settings.head_path, name, task, needs_head=needs_head)
+    head_prompt = "task" if plan.kind == "prompt" else settings.head_prompt  # the prompt a head reads
     options = engine_options(settings, loaded.model.device)
     prompt = Classifier(loaded, task, options, encoder=encoder, head_prompt=head_prompt)
-    scorer = choose_scorer(prompt, settings)
+    scorer = choose_scorer(prompt, settings, plan)
     bias = calibration_bias(prompt, settings, scorer)
     from worker.engine import overhead
 
@@ -215,62 +213,31 @@ def prompt_scoring(settings: Settings) -> Settings:
 
 
 # --------------------------------------------------------------------------- scorer
-def planned_scorer(settings: Settings, task: Task, kind: str, model_name: str) -> str:
-    """``head`` or ``prompt``: what ``choose_scorer`` will pick (the prompt a head reads depends on it)."""
-    if settings.scorer == "prompt":
-        return "prompt"
-    if settings.scorer == "head" or settings.head_path is not None or kind != "decoder" or settings.encoder:
-        return "head"
-    if shipped_head_for(model_name, task) is not None:
-        return "head"
-    return "prompt" if labels_without_examples(task) else "head"
+def scorer_plan(clf: Classifier, settings: Settings) -> ScorerPlan:
+    """``scorer_plan.plan_scorer`` for this classifier: the one rule of which scorer the settings pick."""
+    return plan_scorer(settings.scorer, settings.head_path, clf.model_name, clf.task, needs_head=clf.needs_head)
 
 
-def labels_without_examples(task: Task) -> list[str]:
-    """The task's labels no few-shot example shows (a head fitted on the examples needs one per label)."""
-    return sorted(set(task.labels) - {e.label for e in task.examples})
+def choose_scorer(clf: Classifier, settings: Settings, plan: ScorerPlan | None = None) -> Scorer | None:
+    """The scorer ``settings.scorer`` asks for on ``clf`` (a prompt-scoring classifier); ``None`` = prompt scoring.
+    ``plan``: ``scorer_plan(clf, settings)`` when already made."""
+    if settings.scorer == "prompt" and settings.head_path is not None:
+        log.warning("TRIAGE_HEAD_PATH is set but TRIAGE_SCORER=prompt: the head is not used")
+    return carry_out(clf, plan or scorer_plan(clf, settings))
 
 
-def shipped_head_for(model_name: str, task: Task) -> Path | None:
-    """The head the package ships for this model and the built-in support task (labels and instructions), if any."""
-    from worker.engine.task import default_task
-    from worker.heads import shipped_head_path
-
-    builtin = default_task()
-    if task.labels != builtin.labels or task.instructions != builtin.instructions:
-        return None
-    return shipped_head_path(model_name)
-
-
-def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
-    """The scorer ``settings.scorer`` asks for on ``clf`` (a prompt-scoring classifier); ``None`` = prompt scoring."""
+def carry_out(clf: Classifier, plan: ScorerPlan) -> Scorer | None:
+    """The scorer ``plan`` names, loaded or fitted on ``clf``; a shipped head that does not fit falls back."""
     from worker.quality.head import HeadScorer
 
-    head_path = settings.head_path
-    if settings.scorer == "head" and head_path is None:
-        raise ScoringConfigError("TRIAGE_SCORER=head needs TRIAGE_HEAD_PATH (a head fitted by `triage-worker fit`)")
-    if settings.scorer == "prompt" and clf.needs_head:
-        raise ScoringConfigError(
-            f"TRIAGE_SCORER=prompt needs a causal LM's label tokens; {clf.model_name} has none "
-            "(use TRIAGE_SCORER=auto or head, with a head fitted by `triage-worker fit`)"
-        )
-    if settings.scorer in ("head", "auto") and head_path is not None:
-        return load_head_scorer(clf, head_path)
-    if settings.scorer == "auto":
-        shipped = shipped_head_for(clf.model_name, clf.task)
-        scorer = load_shipped_head(clf, shipped) if shipped is not None else None
-        if scorer is not None:
-            return scorer
-        missing = labels_without_examples(clf.task)
-        if missing and clf.needs_head:
-            raise ScoringConfigError(
-                f"{clf.model_name} needs a head: set TRIAGE_HEAD_PATH (`triage-worker fit`) "
-                "or give "
-                f"the task an example for every label (none for {missing})"
-            )
-        if missing:
-            log.info("scorer: prompt (no task examples for %s; a head needs one per label)", missing)
-            return None
+    if plan.kind == "head_file":
+        return load_head_scorer(clf, plan.path)
+    if plan.kind == "shipped_head":
+        scorer = load_shipped_head(clf, plan.path)
+        return scorer if scorer is not None else carry_out(clf, plan.fallback)
+    if plan.kind == "unscorable":
+        raise plan.error()
+    if plan.kind == "task_examples":
         head = fit_head_on_task_examples(clf)
         log.info(
             "scorer: %s/%s head fitted on the task's %d examples (TRIAGE_SCORER=prompt for label-token scoring)",
@@ -279,8 +246,8 @@ def choose_scorer(clf: Classifier, settings: Settings) -> Scorer | None:
             len(clf.task.examples),
         )
         return HeadScorer(head, device=clf.device, source="task examples")
-    if head_path is not None:
-        log.warning("TRIAGE_HEAD_PATH is set but TRIAGE_SCORER=prompt: the head is not used")
+    if plan.missing_examples:
+        log.info("scorer: prompt (no task examples for %s; a head needs one per label)", list(plan.missing_examples))
     return None
 
 
@@ -291,7 +258,7 @@ def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
     try:
         head = Head.load(path)
     except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for corrupt files
-        raise ScoringConfigError(f"cannot load scorer head {path}: {e}") from e
+        raise ScoringConfigError("TRIAGE_HEAD_PATH", f"cannot load scorer head {path}: {e}") from e
     head.check(clf)  # HeadMismatch (a ValueError) says what differs
     log.info(
         "scorer head loaded: %s (%s, %s pooling, %s training tickets)",

@@ -225,18 +225,12 @@ def scorer_problem(
     settings, task=None, *, model_var: str = "TRIAGE_MODEL", encoder_var: str = "TRIAGE_ENCODER"
 ) -> Problem | None:
     """Can the scorer TRIAGE_SCORER asks for work with this model and task? Found from the settings, the task
-    (``task``: None skips what needs it) and the model's config.json, without loading anything. The same rules as
-    ``assemble.choose_scorer``, which applies them again once the model is loaded (a hub model not cached yet has
-    no config to read here)."""
-    from worker.assemble import labels_without_examples, shipped_head_for
+    (``task``: None skips what needs it) and the model's config.json, without loading anything: the rule
+    ``scorer_plan.plan_scorer`` that ``assemble`` applies again once the model is loaded."""
     from worker.engine.sources import ModelNotFound, declared_kind
+    from worker.scorer_plan import ScoringConfigError, plan_scorer
 
-    if settings.scorer == "head" and settings.head_path is None:
-        return Problem(
-            "TRIAGE_HEAD_PATH",
-            "is not set, but TRIAGE_SCORER=head needs it: a head fitted by `triage-worker fit` (or TRIAGE_SCORER=auto)",
-        )
-    if settings.encoder and settings.scorer == "prompt":  # joined features have no label tokens to score
+    if settings.encoder and settings.scorer == "prompt":  # joined features have no label tokens: blame the encoder
         return Problem(
             encoder_var,
             "joined features need a head, but TRIAGE_SCORER=prompt scores label tokens only "
@@ -245,29 +239,25 @@ def scorer_problem(
     try:
         kind = declared_kind(settings.model, model_var)
     except ModelNotFound:
-        return None  # model_problem says why
-    if kind != "encoder" and not settings.encoder:
-        return None  # a causal LM (or a hub model not cached yet): every scorer can work
-    what = (
-        f"{settings.model} ({model_var}) is a BERT-family encoder"
-        if kind == "encoder"
-        else f"joined features ({encoder_var}={settings.encoder})"
-    )
-    if settings.scorer == "prompt":
-        return Problem(
-            "TRIAGE_SCORER",
-            f"prompt needs a causal LM's label tokens; {what} has none "
-            "(use TRIAGE_SCORER=auto or head, with a head fitted by `triage-worker fit`)",
+        kind = None  # model_problem says why; a hub model not cached yet has no config to read here
+    if settings.scorer == "auto" and task is None:
+        return None  # only ``auto`` reads the task, and there is none to read
+    if kind == "encoder":
+        what = f"{settings.model} ({model_var}), a BERT-family encoder,"
+    else:
+        what = f"joined features ({encoder_var}={settings.encoder})" if settings.encoder else settings.model
+    name = settings.model + (f"+{settings.encoder}" if settings.encoder else "")  # assemble's backbone name
+    try:
+        plan_scorer(
+            settings.scorer,
+            settings.head_path,
+            name,
+            task,
+            needs_head=kind == "encoder" or bool(settings.encoder),
+            what=what,
         )
-    if settings.scorer == "auto" and settings.head_path is None and task is not None:
-        name = settings.model + (f"+{settings.encoder}" if settings.encoder else "")  # assemble's backbone name
-        missing = labels_without_examples(task)
-        if missing and shipped_head_for(name, task) is None:
-            return Problem(
-                "TRIAGE_HEAD_PATH",
-                f"is not set, and {what}: it needs a head. Set TRIAGE_HEAD_PATH (`triage-worker fit`) or give the "
-                f"task an example for every label (none for {missing})",
-            )
+    except ScoringConfigError as e:
+        return Problem(e.setting, e.text)
     return None
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from worker.assemble import shipped_head_for
 from worker.cli import main
 from worker.engine.task import Task, default_task
 from worker.heads import SHIPPED, shipped_head_path
 from worker.quality.default_head import FIRST, WRITTEN, sha256_file
 from worker.quality.head import Head
+from worker.scorer_plan import shipped_head_for
 from worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

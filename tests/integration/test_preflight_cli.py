@@ -215,7 +215,7 @@ def test_verify_names_a_scorer_the_model_cannot_run_in_one_line(triage_env, tiny
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("triage-worker verify: TRIAGE_SCORER: prompt needs a causal LM's label tokens")
-    assert f"{tiny_bert_dir} (--model) is a BERT-family encoder" in lines[0]
+    assert f"which {tiny_bert_dir} (--model), a BERT-family encoder, lacks" in lines[0]
     # the worker's preflight finds it from the model's config.json: one config_invalid line, exit 2, nothing loaded
     r = runs["run"]
     recs = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]

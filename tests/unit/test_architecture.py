@@ -30,6 +30,7 @@ PURE = (
     "worker.settings",
     "worker.settings_table",
     "worker.assemble",
+    "worker.scorer_plan",
     "worker.rq_jobs",
     "worker.rqbatch.payload",
     "worker.ticket_files",

@@ -17,12 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.assemble import (
-    build_classifier,
-    features_classifier,
-    prompt_scoring,
-    shipped_head_for,
-)
+from worker.assemble import build_classifier, features_classifier, prompt_scoring
 from worker.engine.classifier import Classifier, softmax
 from worker.engine.loader import LoadedModel
 from worker.engine.task import Task
@@ -33,6 +28,7 @@ from worker.quality.features import Features, run_features
 from worker.quality.fewshot import pick_examples
 from worker.quality.head import fit_head_for, prompt_hash
 from worker.quality.worker_default import describe_method, is_method, worker_default
+from worker.scorer_plan import shipped_head_for
 
 VARIANTS = ("zero-shot", "descriptions", "few-shot", "task", "head")
 THRESHOLDS = (0.3, 0.5, 0.7, 0.9)

@@ -1,29 +1,29 @@
 """Which of the methods ``eval`` measured is the one a worker with these settings runs (the report's
-``worker_default``): the scorer rule of ``worker.assemble.choose_scorer``, told without loading a model."""
+``worker_default``): ``scorer_plan.plan_scorer``, the rule the worker's builder follows, told without a model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from worker.assemble import AUTO_METHOD, AUTO_POOLING, shipped_head_for
+from worker.assemble import AUTO_METHOD, AUTO_POOLING
 from worker.engine.task import Task
+from worker.scorer_plan import ScoringConfigError, plan_scorer
 
 
 def worker_default(settings, base: Task, head_file: Path | None) -> dict:
-    """What a worker started with these settings would score with (see worker.assemble), as the fields of the
-    measured method that is exactly it: ``method`` and, for prompt scoring, ``variant`` and ``calibration``; for a
-    head file (``TRIAGE_HEAD_PATH``, the shipped one) its ``head_file``; for the start-up head its ``name``.
+    """What a worker started with these settings would score with, as the fields of the measured method that is
+    exactly it: ``method`` and, for prompt scoring, ``variant`` and ``calibration``; for a head file
+    (``TRIAGE_HEAD_PATH``, the shipped one) its ``head_file``; for the start-up head its ``name``.
     ``evaluate_all`` reports the method that matches all of them, or none (not measured)."""
     prompt = {"method": "prompt", "variant": "task", "calibration": settings.calibration}
-    if settings.scorer == "prompt":
+    name = settings.model + (f"+{settings.encoder}" if settings.encoder else "")  # assemble's backbone name
+    try:
+        plan = plan_scorer(settings.scorer, head_file, name, base)
+    except ScoringConfigError:  # no worker starts with these settings; eval measured prompt scoring
         return prompt
-    if head_file is not None:
-        return {"method": "head", "head_file": str(head_file)}
-    if settings.scorer == "auto":
-        shipped = shipped_head_for(settings.model + (f"+{settings.encoder}" if settings.encoder else ""), base)
-        if shipped is not None:
-            return {"method": "head", "head_file": str(shipped)}
-    if settings.scorer == "auto" and base.examples and {e.label for e in base.examples} == set(base.labels):
+    if plan.kind in ("head_file", "shipped_head"):
+        return {"method": "head", "head_file": str(plan.path)}
+    if plan.kind == "task_examples":
         return {"method": "head", "name": f"head on task examples {AUTO_METHOD}/{AUTO_POOLING}"}
     return prompt
 
