@@ -67,6 +67,32 @@ def test_a_replica_or_failover_reply_is_transient_whatever_class_redis_py_gives_
 
 
 @pytest.mark.parametrize(
+    "error, state, words",
+    [
+        (redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."), "unreachable", "URL"),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), "replica", "primary"),
+        (redis.ResponseError("READONLY You can't write against a read only replica."), "replica", "primary"),
+        (redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"), "loading", "loading"),
+        (redis.ResponseError("BUSY Redis is busy running a script."), "busy", "SCRIPT KILL"),
+        (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots"), "misconf", "stop-writes-on-bgsave"),
+        (
+            redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+            "out_of_memory",
+            "maxmemory",
+        ),
+        (redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."), "out_of_memory", "maxmemory"),
+    ],
+)
+def test_each_passing_state_says_what_ends_it(error, state, words):
+    """--drain's give-up line said "check TRIAGE_REDIS_URL and that Redis is running" for a Redis out of memory."""
+    from worker.stream.connection import is_passing, passing_state
+
+    assert is_passing(error)
+    got, fix = passing_state(error)
+    assert got == state and words in fix, (got, fix)
+
+
+@pytest.mark.parametrize(
     "message",
     [
         "ERR The user executing the script can't run this command or subcommand",  # in a script, Redis 6.2 and 7.0

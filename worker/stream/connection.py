@@ -53,6 +53,61 @@ def is_passing(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and str(exc).startswith(PASSING_CODES)
 
 
+# What each passing state is, and what ends it: the start-up wait and --drain's give-up line say it (an OOM told the
+# operator to "check TRIAGE_REDIS_URL and that Redis is running").
+UNREACHABLE = ("unreachable", "check TRIAGE_REDIS_URL and that Redis is running")
+_STATES: tuple[tuple[tuple[type[BaseException], ...], str, tuple[str, str]], ...] = (
+    (
+        (redis.exceptions.BusyLoadingError,),
+        "LOADING",
+        ("loading", "Redis is loading its data set; it answers when done"),
+    ),
+    (
+        tuple(c for c in (getattr(redis.exceptions, "ReadOnlyError", None),) if c),
+        "READONLY",
+        ("replica", "TRIAGE_REDIS_URL points at a read-only replica: point it at the primary, or wait for a failover"),
+    ),
+    (
+        tuple(c for c in (getattr(redis.exceptions, "MasterDownError", None),) if c),
+        "MASTERDOWN",
+        ("replica", "the replica at TRIAGE_REDIS_URL has lost its primary: point it at the primary"),
+    ),
+    (
+        tuple(c for c in (getattr(redis.exceptions, "TryAgainError", None),) if c),
+        "TRYAGAIN",
+        ("resharding", "Redis is moving the keys' slot; it answers when done"),
+    ),
+    (
+        (),
+        "BUSY ",
+        ("busy", "a script or function is running in Redis: it ends by itself, or SCRIPT KILL / FUNCTION KILL"),
+    ),
+    (
+        (),
+        "MISCONF ",
+        (
+            "misconf",
+            "Redis refuses writes after a failed save (stop-writes-on-bgsave-error): fix its disk or that setting",
+        ),
+    ),
+    (
+        tuple(c for c in (getattr(redis.exceptions, "OutOfMemoryError", None),) if c),
+        "OOM ",
+        ("out_of_memory", "Redis is at maxmemory under noeviction: free memory, raise maxmemory or trim its streams"),
+    ),
+)
+
+
+def passing_state(exc: BaseException) -> tuple[str, str]:
+    """(state, what ends it) for an error ``is_passing`` accepts: ``unreachable`` unless Redis answered with a state."""
+    for classes, code, state in _STATES:
+        if (classes and isinstance(exc, classes)) or (
+            isinstance(exc, redis.ResponseError) and str(exc).startswith(code)
+        ):
+            return state
+    return UNREACHABLE
+
+
 # How long a reply may take before the client gives up (a Redis that stopped answering is found this late). It must
 # be longer than the longest BLOCK the worker uses: the reader's 0.5 s idle block, and the read that fills a window,
 # which blocks up to TRIAGE_MAX_WAIT_MS: ``socket_timeout_for`` grows the timeout with that setting.

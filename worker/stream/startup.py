@@ -15,7 +15,7 @@ import redis
 
 from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
-from worker.stream.connection import Backoff, connect, is_passing, socket_timeout_for
+from worker.stream.connection import Backoff, connect, is_passing, passing_state, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
 from worker.stream.sink import ResultSink
@@ -216,6 +216,7 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 log.error("setup_failed", error=f"{type(e).__name__}: {e}")
                 return "config"
             waited_s = time.monotonic() - t0
+            state, fix = passing_state(e)
             if backoff.attempt == 0:
                 give_up = (
                     f"; --drain gives up after {give_up_s:g} s (TRIAGE_DRAIN_REDIS_TIMEOUT_S)" if give_up_s else ""
@@ -224,6 +225,8 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                     "waiting_for_redis",
                     redis_url=mask_url(settings.redis_url),
                     error=f"{type(e).__name__}: {e}",
+                    state=state,
+                    fix=fix,
                     note="the model is loaded once Redis answers" + give_up,
                 )
             if give_up_s is not None and waited_s >= give_up_s:
@@ -232,7 +235,8 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                     redis_url=mask_url(settings.redis_url),
                     waited_s=round(waited_s, 1),
                     error=f"{type(e).__name__}: {e}",
-                    action="giving up (exit 3): check TRIAGE_REDIS_URL and that Redis is running",
+                    state=state,
+                    action=f"giving up (exit 3): {fix}",
                 )
                 return "unreachable"
             delay = backoff.failed(shutdown.stop)

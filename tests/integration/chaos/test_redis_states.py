@@ -24,6 +24,7 @@ def test_start_up_waits_out_a_replica_that_cannot_take_writes(launch, chaos_redi
     w = launch(env, ready=False)
     first = w.wait_for("waiting_for_redis", timeout_s=120)
     assert "ReadOnly" in first["error"] or "READONLY" in first["error"], first
+    assert first["state"] == "replica" and "primary" in first["fix"], first
     assert w.returncode is None and not w.events("setup_failed"), w.stderr_tail()
     admin.replicaof("no", "one")
     w.wait_ready(timeout_s=180)
@@ -34,6 +35,29 @@ def test_start_up_waits_out_a_replica_that_cannot_take_writes(launch, chaos_redi
     assert w.stop(timeout_s=60) == 0, w.stderr_tail()
     t = tally(admin, results, dead, [t["id"] for t in tickets])
     assert t.lost == [] and t.duplicates == 0
+
+
+def test_drain_against_a_redis_out_of_memory_gives_up_saying_so(launch, chaos_redis, tiny_model_dir, tmp_path):
+    """The give-up line said "check TRIAGE_REDIS_URL and that Redis is running" to a Redis that answered OOM."""
+    env = worker_env(
+        tiny_model_dir,
+        chaos_redis.url,
+        tmp_path,
+        TRIAGE_RECONNECT_MAX_S=0.2,
+        TRIAGE_DRAIN_REDIS_TIMEOUT_S=1,
+        TRIAGE_CONSUMER="oom-a",
+    )
+    admin = chaos_redis.client()
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)  # every write that may grow memory is refused: OOM
+    try:
+        w = launch(env, "run", "--drain", ready=False)
+        assert w.wait(timeout_s=120) == 3, w.stderr_tail()
+    finally:
+        admin.config_set("maxmemory", 0)
+    (gave_up,) = w.events("redis_unreachable")
+    assert gave_up["state"] == "out_of_memory" and "maxmemory" in gave_up["action"], gave_up
+    assert "TRIAGE_REDIS_URL" not in gave_up["action"] and not w.events("model_loaded")
 
 
 def test_a_command_the_acl_refuses_stops_the_worker_at_start_up_before_it_reads(
