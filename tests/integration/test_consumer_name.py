@@ -148,17 +148,49 @@ def test_a_beat_writes_its_key_again_after_it_vanished(client, key_prefix):
     hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=30)
     assert hb.claim(threading.Event()).took
     client.delete(hb.key)
-    assert hb.still_ours()  # nobody else holds the name: its exit may still delete the group's consumer
     assert hb.beat(phase="idle") is None
     assert json.loads(client.get(hb.key))["instance"] == hb.instance and 0 < client.ttl(hb.key) <= 30
 
 
 def test_clear_at_exit_leaves_a_name_taken_over_to_its_new_holder(client, key_prefix):
     frozen, newcomer = _taken_over(client, key_prefix)
-    assert not frozen.still_ours() and newcomer.still_ours()  # the exit deletes the group's consumer only if so
     assert frozen.clear() is False
     assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
     assert newcomer.clear() is True and client.get(newcomer.key) is None
+
+
+def _group_with_consumer(client, stream: str, consumer: str, pending: int) -> None:
+    """A group in which ``consumer`` exists and holds ``pending`` entries read but not acked."""
+    client.xgroup_create(stream, "g", id="0", mkstream=True)
+    client.xgroup_createconsumer(stream, "g", consumer)
+    for i in range(pending):
+        client.xadd(stream, {"id": f"t{i}", "text": "x"})
+    if pending:
+        client.xreadgroup("g", consumer, {stream: ">"}, count=pending)
+
+
+def _consumers(client, stream: str) -> list[str]:
+    return [c["name"].decode() for c in client.xinfo_consumers(stream, "g")]
+
+
+def test_leaving_the_group_at_exit_removes_the_name_only_if_it_is_ours_and_holds_nothing(client, key_prefix):
+    """One script: as three commands (GET, XPENDING, DELCONSUMER) a newcomer taking the name in between lost the
+    entries it had just read, dropped with the consumer."""
+    stream = key_prefix + "in"
+    frozen, newcomer = _taken_over(client, key_prefix)
+    _group_with_consumer(client, stream, "w", pending=0)
+    assert frozen.leave_group(stream, "g", "w") is False and _consumers(client, stream) == ["w"]  # taken over
+    client.xadd(stream, {"id": "t", "text": "x"})
+    client.xreadgroup("g", "w", {stream: ">"}, count=1)
+    assert newcomer.leave_group(stream, "g", "w") is False and _consumers(client, stream) == ["w"]  # it holds one
+    assert client.xpending(stream, "g")["pending"] == 1
+    (entry,) = client.xpending_range(stream, "g", "-", "+", 1)
+    client.xack(stream, "g", entry["message_id"])
+    assert newcomer.leave_group(stream, "g", "w") is True and _consumers(client, stream) == []
+    client.delete(newcomer.key)  # expired, or a Redis restarted empty: nobody else holds the name
+    _group_with_consumer(client, key_prefix + "in2", "w", pending=0)
+    assert newcomer.leave_group(key_prefix + "in2", "g", "w") is True
+    assert newcomer.leave_group(key_prefix + "none", "g", "w") is False  # no stream: nothing to leave
 
 
 def test_a_takeover_replaces_only_the_beat_it_waited_out(client, key_prefix):

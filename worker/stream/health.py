@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from worker.keyspace import keys_under
-from worker.stream.scripts import error_code, heartbeat_script, release_script
+from worker.stream.scripts import error_code, heartbeat_script, leave_script, release_script
 
 PHASES = ("starting", "reading", "inferring", "writing", "idle", "stopping")
 
@@ -190,10 +190,10 @@ class Heartbeat:
                 stop.wait(poll_s)
         return Claim(False, seen)
 
-    def still_ours(self) -> bool:
-        """The key is this process's, or gone (expired, a Redis restarted empty): no other process holds the name."""
-        raw = self.client.get(self.key)
-        return raw is None or parse_heartbeat(raw).get("instance") == self.instance
+    def leave_group(self, stream: str, group: str, consumer: str) -> bool:
+        """Remove ``consumer`` from ``group`` at exit, in one atomic step (scripts.LEAVE): only while no other
+        process holds the name and it has nothing pending. True if removed."""
+        return bool(leave_script(self.client, [self.key, stream], [self.instance, group, consumer]))
 
     def clear(self) -> bool:
         """Delete the key at exit, unless another process has taken the name over; True if it was deleted (the

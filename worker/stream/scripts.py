@@ -296,6 +296,25 @@ if ok and type(v) == 'table' and v['instance'] == ARGV[1] then return redis.call
 return 0
 """
 
+LEAVE = r"""
+-- Remove this process's consumer from the group at exit, in one step: only while the name is still this process's
+-- (its heartbeat, or none: expired, Redis restarted empty) and the consumer has nothing pending. As three commands
+-- (GET, XPENDING, XGROUP DELCONSUMER) a process that took the name over in between could lose the entries it had
+-- just read: DELCONSUMER drops a consumer's pending entries with it. KEYS[1] heartbeat key, KEYS[2] input stream;
+-- ARGV[1] this process's instance id, ARGV[2] group, ARGV[3] consumer. Returns 1 if removed, else 0.
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'string' then
+  local ok, v = pcall(cjson.decode, redis.call('GET', KEYS[1]))
+  if not (ok and type(v) == 'table' and v['instance'] == ARGV[1]) then return 0 end
+elseif kind ~= 'none' then
+  return 0
+end
+if redis.call('TYPE', KEYS[2])['ok'] ~= 'stream' then return 0 end
+if #redis.call('XPENDING', KEYS[2], ARGV[2], '-', '+', 1, ARGV[3]) > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
 
 class Script:
     """A Lua script run with EVALSHA (EVAL once the server has forgotten it, e.g. after a restart).
@@ -330,3 +349,4 @@ refresh_script = Script(REFRESH)
 read_own_script = Script(READ_OWN)
 heartbeat_script = Script(HEARTBEAT)
 release_script = Script(RELEASE)
+leave_script = Script(LEAVE)

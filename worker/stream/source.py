@@ -158,17 +158,6 @@ class StreamSource:
         after = self.client.xrange(self.stream, min="(" + state.last_delivered_id, max="+", count=1)
         return not after
 
-    def own_pending_count(self) -> int:
-        info = self.client.xpending(self.stream, self.group)
-        for c in info.get("consumers") or []:
-            if as_text(c.get("name")) == self.consumer:
-                return int(c.get("pending") or 0)
-        return 0
-
-    def delete_consumer(self) -> None:
-        """Forget this consumer's name (only call when it has nothing pending: XGROUP DELCONSUMER drops its PEL)."""
-        self.client.xgroup_delconsumer(self.stream, self.group, self.consumer)
-
     def refresh(self, ids: list[str]) -> int:
         """Reset the idle time of those of ``ids`` still pending on this consumer (see scripts.REFRESH)."""
         if not ids:

@@ -135,8 +135,8 @@ def release(heartbeat: Heartbeat, source: StreamSource, *, reader_done: bool, lo
     the name (its entries would go with it). Before the key is cleared: while it is ours, a newcomer waits."""
 
     def leave_group() -> None:
-        if reader_done and heartbeat.still_ours() and source.own_pending_count() == 0:
-            source.delete_consumer()
+        if reader_done:
+            heartbeat.leave_group(source.stream, source.group, source.consumer)
 
     for step in (leave_group, heartbeat.clear):
         try:
