@@ -114,7 +114,8 @@ class Settings(BaseSettings):
         0.0,
         ge=0,
         description="Size each window to about this many seconds of the model's measured work, up to "
-        "TRIAGE_WINDOW_MAX_ITEMS, so replicas share a backlog (deploy/k8s sets 5); 0: always TRIAGE_WINDOW_MAX_ITEMS.",
+        "TRIAGE_WINDOW_MAX_ITEMS, so replicas share a backlog and a warm stop is short (deploy/k8s sets 5, "
+        "docker-compose.yml 10); 0: always TRIAGE_WINDOW_MAX_ITEMS.",
     )
     window_ramp_items: int = Field(
         256,

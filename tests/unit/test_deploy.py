@@ -196,7 +196,8 @@ def test_resources_and_threads_fit(base):
     assert "nvidia.com/gpu" not in req and "nvidia.com/gpu" not in lim  # CPU base
     data = _one(base, "ConfigMap", "triage-config")["data"]
     assert int(data["TRIAGE_TORCH_THREADS"]) == int(req["cpu"])
-    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60  # finish the window in hand
+    grace_s = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace_s >= 2 * float(data["TRIAGE_WINDOW_TARGET_S"]) + 30 >= 30  # a warm stop: two windows' work
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -233,6 +234,8 @@ def test_scaledobject_targets_the_worker_on_the_real_stream_and_group(base):
     data = _one(base, "ConfigMap", "triage-config")["data"]
     triggers = {t["name"]: t for t in so["spec"]["triggers"]}
     assert set(triggers) == {"waiting", "in-flight"}
+    url = _one(_docs(K8S / "secret.example.yaml"), "Secret", "triage-redis")["stringData"]["TRIAGE_REDIS_URL"]
+    db = url.rsplit("/", 1)[1]
     for t in triggers.values():
         meta = t["metadata"]
         assert t["type"] == "redis-streams"
@@ -241,6 +244,7 @@ def test_scaledobject_targets_the_worker_on_the_real_stream_and_group(base):
         assert all(isinstance(v, str) for v in meta.values())  # KEDA metadata values are strings
         assert "password" not in meta and "address" not in meta  # from the TriggerAuthentication
         assert t["authenticationRef"]["name"] == "triage-redis"
+        assert meta["databaseIndex"] == db  # KEDA would watch another database than the worker reads
     assert int(triggers["waiting"]["metadata"]["lagCount"]) > 0  # lag mode (needs Redis >= 7)
     assert "lagCount" not in triggers["in-flight"]["metadata"]  # pending-entries mode
     window = int(data["TRIAGE_WINDOW_MAX_ITEMS"])
