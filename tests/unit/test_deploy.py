@@ -201,6 +201,17 @@ def test_resources_and_threads_fit(base):
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_metrics_port_is_one_number_in_the_configmap_the_pod_and_its_scrape_annotation(base):
+    """The manifests served no metrics: nothing set TRIAGE_METRICS_PORT, and no port or annotation named one."""
+    port = _one(base, "ConfigMap", "triage-config")["data"]["TRIAGE_METRICS_PORT"]
+    assert Settings(metrics_port=port).metrics_port > 0
+    pod = _one(base, "Deployment", "triage-worker")["spec"]["template"]
+    (named,) = [p for p in _container(_one(base, "Deployment", "triage-worker"))["ports"] if p["name"] == "metrics"]
+    notes = pod["metadata"]["annotations"]
+    assert str(named["containerPort"]) == port == notes["prometheus.io/port"]
+    assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics"
+
+
 def test_configmap_names_are_settings_and_no_secret_is_inlined(base):
     cm = _one(base, "ConfigMap", "triage-config")
     for name, value in cm["data"].items():
