@@ -45,6 +45,15 @@ def test_verify_reports_progress_as_log_lines_when_stderr_is_not_a_terminal(tria
     assert {"task", "pct", "elapsed_s", "eta_s", "per_s"} <= progress[0].keys()
 
 
+def test_verify_with_no_valid_ticket_fails_instead_of_passing_nothing(triage_env, tmp_path):
+    """Every ticket invalid: it printed "tickets 0 ... PASS" and exited 0, as if the fast paths had been checked."""
+    tickets = tmp_path / "empty.jsonl"
+    tickets.write_text('{"id": "a", "text": ""}\n{"id": "b", "text": "   "}\n')
+    r = run_cli(triage_env, "verify", "--input", str(tickets), "--dtype", "fp32", timeout_s=300)
+    assert r.returncode == 2 and "PASS" not in r.stdout, (r.stdout, r.stderr)
+    assert "nothing to verify: none of the 2 tickets is valid" in r.stderr and "empty" in r.stderr
+
+
 # ------------------------------------------------------------------ the conversion cache
 def _fake_conversion(target: Path, source: Path | None) -> None:
     target.mkdir(parents=True)

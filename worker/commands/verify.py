@@ -51,6 +51,14 @@ def run(args: argparse.Namespace) -> int:
     skipped = len(rows) - len(keep)
     items = [prepared[i] for i in keep]
     ids = [str(rows[i].get("id", i)) for i in keep]
+    if not items:  # a PASS over no ticket would say the fast paths were checked
+        first = next((p for p in prepared if isinstance(p, InvalidTicket)), None)
+        print(
+            f"triage-worker verify: nothing to verify: none of the {len(rows)} tickets is valid"
+            + (f" (the first: {first})" if first is not None else ""),
+            file=sys.stderr,
+        )
+        return 2
     with Progress(len(items), "reference (one at a time)") as bar:  # a bar on a terminal, log lines elsewhere
         report = verify(clf, items, ids, progress=bar.update)
 

@@ -27,7 +27,8 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from worker.engine import bucketing, varlen
+from worker.engine import bucketing
+from worker.engine.attention_setup import setup_attention
 from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.exactness import FastPaths, fast_paths
@@ -94,7 +95,10 @@ class Classifier:
             self.template: PromptTemplate = encoder_template(self.tokenizer)
         else:
             self.template = build_template(self.tokenizer, task.labels_only() if head_prompt == "labels" else task)
-        self.framing = Framing.of(loaded, self.template, self.options.max_input_tokens)
+        t = self.template  # a causal LM's row leaves its positions room for the longest label's tokens after it
+        decoder = self.kind == "decoder"
+        reserve = LabelTokens.build(self.tokenizer, task.labels, t.label_lead, t.answer_end) if decoder else None
+        self.framing = Framing.of(loaded, t, self.options.max_input_tokens, reserve.max_continuation if reserve else 0)
         self.max_input_tokens, self.pad_id = self.framing.limit, self.framing.pad_id
         # joined features: how the encoder sees the same tickets
         self.aux_framing = (
@@ -105,21 +109,14 @@ class Classifier:
         self._set_scoring(scorer, score_bias)
         # attention: "padded" (length buckets, SDPA, expanded prefix cache: CPU/MPS, and the reference) or
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
-        # a sliding window or soft-capped logits: the fast paths would not be the model's own attention (checked first:
-        # no kernel self-test for a packed path that will not run)
+        # the fast paths only where they are the model's own attention: rules read from the config (exactness: a
+        # sliding window, soft-capped logits), then checks on the loaded model (attention_setup: a packed call)
         cfg, cont = self.model.config, getattr(self.scorer, "labels", _NO_LABELS).max_continuation
-        decoder = self.kind == "decoder"
         self.fast_paths = fast_paths(cfg, self.prefix_length + self.framing.max_row + cont) if decoder else FastPaths()
         wanted = pick_attention(self.options.attention, self.model.device) if decoder else "padded"
-        self.attention = self.fast_paths.allowed(wanted, self.options.prefix_cache, log)
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        kernel = self.options.attention_kernel
-        self.attention_kernel = varlen.pick_kernel(kernel, self.model.device, self.model.dtype, head_dim)
-        if self.attention == "packed" and self.attention_kernel != "torch":
-            problem = varlen.self_test(self.attention_kernel, self.model.device, self.model.dtype, head_dim)
-            if problem:
-                log.warning("packed attention falls back to the torch kernel: %s", problem)
-                self.attention_kernel = "torch"
+        self.fast_paths, self.attention, self.attention_kernel = setup_attention(
+            self.model, self.fast_paths, wanted, self.options.prefix_cache, self.options.attention_kernel, log
+        )
         self._graphs = None  # graphs.GraphRunner, made on the first packed pass when CUDA graphs apply
         # classify_passes queues the next pass before yielding one (on CPU a launched pass has run: nothing overlaps)
         ahead = self.options.lookahead

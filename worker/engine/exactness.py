@@ -5,6 +5,9 @@ layer attends causally to every earlier token with plain softmax. A sliding-wind
 Mistral) sees only its window, and a logit soft-cap (Gemma 2) changes the softmax: there the fast paths
 would give other answers than the model, so the classifier runs the padded path without a prefix cache
 (the model's own attention, the reference), and multi-token labels' continuations one ticket per call.
+MPT's ALiBi counts key slots, so only the continuations (which follow a padded row) run one ticket per call.
+What the config cannot tell (a model whose attention code the packed swap does not reach) is checked on the
+loaded model (``attention_setup``).
 A window no row reaches is no limit at all: Mistral's 4,096
 tokens never bind a ticket prompt, so it keeps every fast path.
 """
@@ -49,7 +52,19 @@ def fast_paths(config: Any, longest: int) -> FastPaths:
         )
     if packed is None and getattr(config, "attn_logit_softcapping", None) is not None:
         packed = "the model soft-caps its attention logits (attn_logit_softcapping), which packed attention does not"
-    return FastPaths(prefix_cache=cache, packed=packed, continuations_alone=cache)
+    alone = cache
+    if alone is None and _alibi_by_slot(config):
+        alone = "the model's ALiBi counts key slots (MPT): after a padded row the padding would count as distance"
+    return FastPaths(prefix_cache=cache, packed=packed, continuations_alone=alone)
+
+
+def _alibi_by_slot(config: Any) -> bool:
+    """ALiBi biased by the key's slot in the cache rather than by the attention mask (MPT): padding is distance."""
+    if getattr(config, "model_type", None) != "mpt":
+        return False
+    attn = getattr(config, "attn_config", None)
+    alibi = attn.get("alibi", True) if isinstance(attn, dict) else getattr(attn, "alibi", True)
+    return bool(alibi)
 
 
 def _kinds(config: Any) -> list[str]:

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate
-from worker.engine.types import InvalidTicket, Prepared
+from worker.engine.types import ConfigError, InvalidTicket, Prepared
 
 Encode = Callable[[list[str]], list[list[int]]]
 
@@ -31,12 +31,22 @@ class Framing:
         object.__setattr__(self, "encode", ticket_encoder(self.tokenizer))
 
     @classmethod
-    def of(cls, loaded: LoadedModel, template: PromptTemplate, max_input_tokens: int) -> Framing:
-        """An encoder takes at most its position limit less the special tokens around the ticket."""
+    def of(cls, loaded: LoadedModel, template: PromptTemplate, max_input_tokens: int, reserve: int = 0) -> Framing:
+        """An encoder takes at most its position limit less the special tokens around the ticket; a causal LM at
+        most its positions less the prompt around the ticket and ``reserve`` (label tokens after it): a model with
+        learned positions (GPT-2, OPT) fails on a row past them, any other was not trained there."""
         limit = max_input_tokens
         if loaded.kind == "encoder":
             specials = len(template.lead_ids) + len(template.tail_ids)
             limit = max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
+        elif (positions := decoder_positions(loaded.model.config)) is not None:
+            around = len(template.prefix_ids) + len(template.lead_ids) + len(template.tail_ids) + reserve
+            if positions - around < 1:
+                raise ConfigError(
+                    f"the prompt takes {around} of the model's {positions} positions, leaving none for a ticket "
+                    "(shorten the task: fewer or shorter examples and descriptions)"
+                )
+            limit = min(max_input_tokens, positions - around)
         return cls(loaded.tokenizer, template, limit)
 
     @property
@@ -54,6 +64,15 @@ class Framing:
     def frame(self, ids: Sequence[int]) -> tuple[int, ...]:
         """The row of a ticket's ids: cut to ``limit``, framed by the template's lead and tail."""
         return self.template.lead_ids + tuple(ids[: self.limit]) + self.template.tail_ids
+
+
+def decoder_positions(config) -> int | None:
+    """The most positions a causal LM's config declares (None: it declares none)."""
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def ticket_encoder(tokenizer: PreTrainedTokenizerBase) -> Encode:

@@ -9,17 +9,21 @@ labels and cancels in the softmax over labels, so it is never computed.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine.compat import cache_kwarg
+from worker.engine.final_logits import Transform, final_logit_transform, head_problem
 from worker.engine.forward import ForwardOut, decoder, padded_rows
 from worker.engine.labels import LabelTokens
 
 # float32 logits per chunk of ``token_logprobs`` (256 MiB: ~440 positions of a 152k-token vocabulary)
 LOGITS_BYTES = 1 << 28
+
+log = logging.getLogger("triage.engine")
 
 
 class Scorer(Protocol):
@@ -40,6 +44,10 @@ class PromptScorer:
         self.labels = labels
         self.names = labels.names
         self.needs_cache = bool(labels.multi)
+        self._final = final_logit_transform(model.config)  # the model's own last step after its LM head
+        problem = head_problem(model, self._final)
+        if problem:
+            log.warning("label scores may not be the model's own: its logits and the LM head's output %s", problem)
         head = model.get_output_embeddings()
         rows = torch.tensor(labels.first_ids, device=head.weight.device)
         self._w = head.weight.detach().index_select(0, rows).float()  # [U, H]
@@ -59,6 +67,8 @@ class PromptScorer:
         first = fwd.h_last.float() @ self._w.T
         if self._b is not None:
             first = first + self._b
+        if self._final is not None:
+            first = self._final(first)
         out = first.index_select(1, self._first_col)
         if self.labels.multi:
             out.index_add_(1, self._multi, self._continuations(model, fwd))
@@ -84,7 +94,7 @@ class PromptScorer:
         pos = fwd.next_pos.index_select(0, rep)[:, None] + torch.arange(width, device=dev)[None, :]
         dec = decoder(model)
         out = dec(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kwarg(dec): cache})
-        logp = token_logprobs(model, out.last_hidden_state, tgt)
+        logp = token_logprobs(model, out.last_hidden_state, tgt, self._final)
         return (logp * valid).sum(-1).view(b, m)
 
     def _continuations_packed(self, model: PreTrainedModel, fwd: ForwardOut) -> torch.Tensor:
@@ -93,12 +103,15 @@ class PromptScorer:
 
         hidden = run_continuations(model, fwd.packed, self._inputs)  # [B, M, W, H]
         _, tgt, valid = self._cont_rows
-        logp = token_logprobs(model, hidden, tgt.expand(hidden.shape[:3]))
+        logp = token_logprobs(model, hidden, tgt.expand(hidden.shape[:3]), self._final)
         return (logp * valid).sum(-1)
 
 
-def token_logprobs(model: PreTrainedModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target | hidden state) at every position ([..., H] states, [...] targets), in float32.
+def token_logprobs(
+    model: PreTrainedModel, hidden: torch.Tensor, targets: torch.Tensor, final: Transform | None = None
+) -> torch.Tensor:
+    """log p(target | hidden state) at every position ([..., H] states, [...] targets), in float32; ``final``:
+    the model's own step after its LM head (``final_logits``).
 
     The full-vocabulary normaliser is computed a chunk of positions at a time, at most ``LOGITS_BYTES`` of float32
     logits each: 2,048 tickets x a few multi-token labels x Qwen's 152k-token vocabulary would be tens of GB at once.
@@ -109,6 +122,8 @@ def token_logprobs(model: PreTrainedModel, hidden: torch.Tensor, targets: torch.
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
     for s in range(0, flat.shape[0], step):
         logits = head(flat[s : s + step]).float()
+        if final is not None:
+            logits = final(logits)
         out[s : s + step] = (logits.gather(-1, tgt[s : s + step]) - torch.logsumexp(logits, -1, keepdim=True))[:, 0]
     return out.view(targets.shape)
 

@@ -1,0 +1,61 @@
+"""What a causal LM does to its LM head's output before it is a next-token logit.
+
+The prompt scorer projects hidden states onto the label tokens' rows of the LM head itself (a few rows, not
+the vocabulary), so it must apply the same final step the model's own forward applies: Granite divides by
+``logits_scaling``, Cohere multiplies by ``logit_scale``, Gemma 2 soft-caps (``final_logit_softcapping``).
+Without it the label probabilities are not the model's (the fast paths and the reference agreed, both wrong).
+``head_problem`` checks the result against the model's own forward once, so a model with another final step is
+named in the log instead of scored quietly otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def final_logit_transform(config) -> Transform | None:
+    """The model's final logit step as a function of the LM head's output (None: there is none)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    scale = 1.0
+    if getattr(cfg, "logits_scaling", None):  # Granite: logits / logits_scaling
+        scale /= float(cfg.logits_scaling)
+    if getattr(cfg, "logit_scale", None) is not None:  # Cohere: logits * logit_scale
+        scale *= float(cfg.logit_scale)
+    cap = getattr(cfg, "final_logit_softcapping", None)  # Gemma 2: cap * tanh(logits / cap)
+    if scale == 1.0 and not cap:
+        return None
+
+    def apply(logits: torch.Tensor) -> torch.Tensor:
+        if scale != 1.0:
+            logits = logits * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return apply
+
+
+@torch.inference_mode()
+def head_problem(model, transform: Transform | None) -> str | None:
+    """None when ``transform(LM head(hidden states))`` is the model's own logits on a tiny input; else by how much
+    they differ (relative), or why they could not be compared."""
+    from worker.engine.forward import decoder
+
+    if model.device.type == "meta":  # no numbers to compare
+        return None
+    ids = torch.tensor([[3, 4, 5]], device=model.device)
+    try:
+        own = model(input_ids=ids, use_cache=False).logits[0].float()
+        hidden = decoder(model)(input_ids=ids, use_cache=False).last_hidden_state[0]
+        ours = model.get_output_embeddings()(hidden).float()
+        if transform is not None:
+            ours = transform(ours)
+        err = ((ours - own).abs().max() / own.abs().max().clamp(min=1e-6)).item()
+    except Exception as e:  # noqa: BLE001 -- a model this check cannot run is left to the scorer itself
+        return f"could not be compared ({type(e).__name__}: {e})"
+    tolerance = 1e-4 if model.dtype == torch.float32 else 2e-2
+    return None if err <= tolerance else f"differ by {err:.2g} (relative; tolerance {tolerance:g})"
