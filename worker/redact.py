@@ -89,6 +89,8 @@ def url_secrets(url: str | None) -> list[str]:
         # the parser's user info, and the mask's: an unencoded / # ? in the password ends the parser's host part
         # early, so its user info is a piece of the password or nothing
         found = {parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else None, url_userinfo(url)}
+        if found == {None}:  # no user info a URL parser or the mask's shape finds: a scheme with a typo?
+            found.add(loose_userinfo(url))
         for userinfo in found - {None}:
             out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
             out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
@@ -100,6 +102,16 @@ def url_secrets(url: str | None) -> list[str]:
             if k.lower() in SECRET_QUERY_KEYS and v:
                 out.append(v)  # the raw, still percent-encoded form
     return [s for s in out if s]
+
+
+def loose_userinfo(url: str) -> str | None:
+    """What a malformed URL holds before its last "@" (``tw:pw@host``, ``redis:/u:pw@host``, ``redis//u:pw@h``: a
+    typo in the scheme): no URL shape masks it, so its password must be known by value. None without an "@"."""
+    head = re.split(r"[?&][\w.-]*=", url.strip(), maxsplit=1)[0]
+    if "@" not in head:
+        return None
+    userinfo = re.sub(r"^[a-z][a-z0-9+.-]*:/*(?=[^:]*:)", "", head.rsplit("@", 1)[0], flags=re.I)
+    return userinfo.lstrip("/") or None
 
 
 def url_userinfo(url: str) -> str | None:

@@ -224,8 +224,14 @@ class PrivateRedis:
         self.stop()
 
 
+class RedisRefused(RuntimeError):
+    """A Redis answers at the URL but refuses it (wrong password, no ACL user, no PING permission): a private server
+    in its place would hide the misconfiguration, and a run would measure or demo against another Redis."""
+
+
 def answers(url: str, timeout_s: float = 1.0) -> bool:
-    """True if a Redis answers PING at ``url`` (password and TLS in the URL honoured: redis-py)."""
+    """True if a Redis answers PING at ``url`` (password and TLS in the URL honoured: redis-py), False if none
+    does; ``RedisRefused`` if one answers and refuses the URL's credentials."""
     import redis
 
     try:
@@ -234,6 +240,8 @@ def answers(url: str, timeout_s: float = 1.0) -> bool:
             return bool(client.ping())
         finally:
             client.close()
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as e:  # before ConnectionError: a subclass
+        raise RedisRefused(f"the Redis at {mask_secrets(url)} refuses it: {mask_secrets(str(e))}") from None
     except (redis.RedisError, OSError, ValueError):
         return False
 

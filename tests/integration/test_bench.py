@@ -387,3 +387,12 @@ def test_mode6_is_compared_with_a_mode5_of_the_same_prefix_cache_setting(
     assert red["prefix_cache"] is False and m5["prefix_cache"] is False
     assert red["vs_mode5"] == pytest.approx(red["items_per_s"] / m5["items_per_s"])
     assert red["agreement"]["bucketed_cached"]["label_agreement"] == 1.0
+
+
+def test_the_json_keeps_the_command_line_without_the_redis_password(tiny_model_dir, tmp_path):
+    """``argv`` went into the JSON as given: ``--redis-url redis://user:PASSWORD@...`` in clear in a results file."""
+    out = tmp_path / "b.json"
+    url = "redis://tw:Us3rPWzz@127.0.0.1:6399/0"
+    assert cli.main(_bench_args(tiny_model_dir, out, "--n", "2", "--modes", "5", "--redis-url", url)) == 0
+    text = out.read_text()
+    assert "Us3rPWzz" not in text and "redis://tw:***@127.0.0.1:6399/0" in json.loads(text)["argv"]

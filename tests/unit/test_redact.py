@@ -69,3 +69,13 @@ def test_ordinary_text_is_left_alone():
     assert redact.mask_secrets(text) == text
     redact.register_secret("ab")  # too short to mask without mangling ordinary text
     assert redact.mask_secrets("abc") == "abc"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["tw:Us3rPWzz@127.0.0.1:6391", "redis:/tw:Us3rPWzz@127.0.0.1:6391/0", "redis//tw:Us3rPWzz@127.0.0.1:6391/0"],
+)
+def test_a_url_with_a_typo_in_its_scheme_still_has_its_password_masked(url):
+    """No URL shape matches these, and "not a usable Redis URL (got '...')" printed the password in clear."""
+    redact.register_url_secrets(url)
+    assert "Us3rPWzz" not in redact.mask_secrets(f"not a usable Redis URL (got {url!r})")

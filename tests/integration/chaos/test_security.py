@@ -9,6 +9,7 @@ test_redis_restart.py (same worker run, to keep the suite's process starts down)
 from __future__ import annotations
 
 import io
+import os
 import sys
 import tokenize
 from pathlib import Path
@@ -260,3 +261,34 @@ def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_mo
     )
     assert r.returncode == 0, r.stderr[-2000:]
     _assert_no_secret("rq batch worker", r.stdout + r.stderr)
+
+
+def test_a_redis_that_refuses_the_credentials_is_not_replaced_by_a_private_one(redis_server_factory):
+    """The bench and the demo took a refused password for "no Redis here" and quietly ran against a private
+    server: a misconfiguration hidden, and figures from another Redis."""
+    from worker.redis_server import RedisRefused, answers, redis_or_private
+
+    server = redis_server_factory(password=SECRET)
+    wrong = f"redis://:wrong-Pw9@127.0.0.1:{server.port}/0"
+    with pytest.raises(RedisRefused) as refused:
+        answers(wrong)
+    assert "refuses it" in str(refused.value) and "wrong-Pw9" not in str(refused.value)
+    with pytest.raises(RedisRefused), redis_or_private(wrong):
+        pass
+    assert answers(f"redis://:{SECRET_ENC}@127.0.0.1:{server.port}/0")
+
+
+def test_a_url_with_a_typo_in_its_scheme_never_prints_its_password(tmp_path):
+    """No URL shape matches these, and "not a usable Redis URL (got '...')" printed the password in clear in check,
+    run's config_invalid line, status, healthcheck and the producer."""
+    runs = {}
+    for url in ("tw:Us3rPWzz@127.0.0.1:6391", "redis:/tw:Us3rPWzz@127.0.0.1:6391/0", "redis//tw:Us3rPWzz@h:6391/0"):
+        env = {"TRIAGE_REDIS_URL": url, "TRIAGE_LOG_FORMAT": "json", "PATH": os.environ["PATH"]}
+        for argv in (["worker", "check", "--no-redis"], ["worker", "run"], ["worker", "status"]):
+            runs[f"{' '.join(argv)} ({url})"] = (env, argv)
+        runs[f"healthcheck ({url})"] = (env, ["worker", "healthcheck"])
+        runs[f"producer backlog ({url})"] = (env, ["producer", "backlog"])
+    for label, r in run_clis(runs, timeout_s=120).items():
+        assert r.returncode != 0, label
+        out = r.stdout + r.stderr
+        assert "Us3rPWzz" not in out and "***" in out, (label, out[-600:])
