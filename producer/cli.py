@@ -50,7 +50,14 @@ def _submit_with_bar(client, tickets: list, desc: str) -> list:
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, ensure_ascii=False), flush=True)
+    """One JSON line; \\u escapes where the text cannot be printed as it is (a lone surrogate a result echoes
+    from an older worker's meta, a terminal that is not UTF-8): a line, never a UnicodeEncodeError."""
+    line = json.dumps(obj, ensure_ascii=False)
+    try:
+        line.encode(sys.stdout.encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        line = json.dumps(obj, ensure_ascii=True)
+    print(line, flush=True)
 
 
 # ----------------------------------------------------------------- commands

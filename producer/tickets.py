@@ -33,8 +33,9 @@ def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta
     """The flat fields of one input entry (``meta``: a dict is JSON-encoded, a string is sent as is).
 
     Raises ``TypeError`` / ``ValueError`` for what the worker would reject without an id (an id over 256 bytes,
-    blank, with control characters) or never accept (a ``meta`` that is no JSON object): better here than a dead
-    letter that ``wait`` cannot match."""
+    blank, with control characters), for what Redis cannot carry (text that is not valid Unicode) and for a dict
+    ``meta`` that is no JSON (NaN, Infinity): better here than a dead letter that ``wait`` cannot match. A string
+    ``meta`` goes as it is; the worker dead-letters one that is no strict JSON object, with the reason."""
     if not isinstance(text, str):
         raise TypeError(f"ticket text must be a str, got {type(text).__name__}")
     why = id_problem(ticket_id)
@@ -46,7 +47,10 @@ def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta
     if meta is not None:
         if not isinstance(meta, (str, dict)):
             raise TypeError(f"meta must be a dict (sent as a JSON object) or a JSON string, got {type(meta).__name__}")
-        fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False)
+        try:
+            fields["meta"] = meta if isinstance(meta, str) else json.dumps(meta, ensure_ascii=False, allow_nan=False)
+        except ValueError as e:  # NaN / Infinity: no JSON value
+            raise ValueError(f"meta is not valid JSON ({e}); send finite numbers") from None
     for name, value in fields.items():  # redis-py would raise while packing the chunk, after earlier chunks went
         why = unicode_problem(value, name)
         if why:

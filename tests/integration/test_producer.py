@@ -146,6 +146,7 @@ def test_bad_ticket_shapes_are_refused_before_sending(client, r, settings):
         ({"text": "t", "id": "line\nbreak"}, "control characters"),
         ({"text": "t", "id": "  "}, "id is empty"),
         ({"text": "t", "meta": [1, 2]}, "meta must be a dict"),
+        ({"text": "t", "meta": {"score": float("nan")}}, "meta is not valid JSON"),  # was sent as NaN: no JSON
         ({"text": 42}, "must be a str"),
         ({"text": "half \ud83d emoji"}, "text contains characters that are not valid Unicode"),
         ({"text": "t", "subject": "\udc80"}, "subject contains characters that are not valid Unicode"),
@@ -443,6 +444,18 @@ def test_cli_results_and_wait(cli_env, r, capsys):
     assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == ["k1", "k2"]
     assert cli_main(["wait", "k1", "nope", "--timeout-s", "0.3"]) == 1
     assert "nope" in capsys.readouterr().err
+
+
+def test_cli_prints_a_result_whose_meta_no_utf8_output_can_hold(cli_env, r, capsys):
+    """An older worker echoed meta '{"a": "\\ud800"}' into a result: `results` and `wait` then died with a
+    UnicodeEncodeError traceback for everyone reading the stream."""
+    pred = Prediction(label="billing", scores={"billing": 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    fields = result_fields("s1", pred, latency_ms=1.0, model="m", worker="w", meta='{"a": "\\ud800"}', stream_id="1-0")
+    _sink(r, cli_env).write(Outcome(results=[fields]))
+    assert cli_main(["results", "--count", "5"]) == 0
+    assert cli_main(["wait", "s1", "--timeout-s", "2"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["meta"] for x in lines] == [{"a": "\ud800"}] * 2
 
 
 def test_cli_backlog_full_exit_code_and_the_ids_of_what_was_sent(cli_env, monkeypatch, tmp_path, capsys):

@@ -34,6 +34,14 @@ def test_every_parse_rejection_has_its_own_reason_class(want):
     assert reason_class(got.reason) == want, got.reason
 
 
+@pytest.mark.parametrize("meta", [b'{"a": NaN}', b'{"a": -Infinity}', b'{"a": "\\ud800"}'])
+def test_meta_that_no_strict_json_reader_can_take_is_dead_lettered(meta):
+    """Python's parser took these, and the results they were echoed into broke the producer CLI (a UnicodeEncodeError
+    traceback on every `results` and `wait`) or were no JSON (NaN)."""
+    got = parse_entry("1-0", {b"text": b"hi", b"meta": meta}, max_text_bytes=100)
+    assert isinstance(got, Rejected) and reason_class(got.reason) == "bad_meta", got
+
+
 def test_worker_made_reasons_are_classed_not_other():
     assert reason_class(poison_reason(6, 5)) == "poison"
     w = build_window([RawEntry("1-0", {b"text": b"hi"}, 1, "new")], "new", _raise, max_text_bytes=100, max_deliveries=5)

@@ -101,7 +101,7 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
         got = _decode(named["meta"], "meta")
         if isinstance(got, Rejected):
             return Rejected(sid, ticket_id, got.reason)
-        why = _bad_meta(got)
+        why = meta_problem(got)
         if why:
             return Rejected(sid, ticket_id, why)
         meta = got
@@ -168,20 +168,34 @@ def id_problem(ticket_id: str) -> str | None:
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def _bad_meta(meta: str) -> str | None:
+def meta_problem(meta: str) -> str | None:
+    """Why ``meta`` is no strict JSON object (None: it is one). Strict: no NaN or Infinity (Python's parser takes
+    them, JSON has none, and a reader of the results would fail on them) and no lone surrogate escape ("\\ud800",
+    which no UTF-8 output can print). The worker dead-letters such a ticket; the producer client refuses it."""
     try:
-        value = json.loads(meta)
+        value = json.loads(meta, parse_constant=_not_json)
     except RecursionError:  # valid or not, the parser gave up on the depth before it could tell
         return (
             "meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); "
             "send a flatter JSON object"
         )
     except ValueError as e:
-        detail = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
+        detail = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         return f'meta is not valid JSON ({detail}); send a JSON object such as {{"customer": 42}} or omit it'
     if not isinstance(value, dict):
         return f"meta must be a JSON object, got a JSON {_json_kind(value)}"
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return (
+            "meta is not valid JSON for a UTF-8 reader (a lone surrogate escape such as \\ud800, half of an emoji); "
+            "send valid Unicode"
+        )
     return None
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def _json_kind(value: Any) -> str:
