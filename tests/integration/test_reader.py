@@ -15,7 +15,7 @@ from worker.stream.source import StreamSource
 QUIET = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None, exception=lambda *a, **k: None)
 
 
-def _reader(source: StreamSource, *, cap_items: int = 16) -> Reader:
+def _reader(source: StreamSource, *, cap_items: int = 16, **extra) -> Reader:
     reader = Reader(
         source,
         lambda texts: texts,
@@ -30,6 +30,7 @@ def _reader(source: StreamSource, *, cap_items: int = 16) -> Reader:
         stop=threading.Event(),
         log=QUIET,
         drain=True,  # short blocking reads of new entries
+        **extra,
     )
     reader.cap_items = cap_items
     return reader
@@ -101,6 +102,42 @@ def test_our_pending_entries_are_read_page_by_page_skipping_held_ones_and_delete
     ]
     counts = _deliveries(client, stream, "reader-test")
     assert counts == {ids[0]: 2, ids[1]: 1, ids[2]: 2, ids[3]: 1, ids[4]: 1, ids[5]: 2}
+
+
+def test_another_consumers_pending_entries_deleted_from_the_stream_are_dead_lettered_when_claimed(
+    redis_url, key_prefix
+):
+    """XAUTOCLAIM drops deleted entries from the pending list: they vanished with a warning, and a waiter on their
+    tickets waited forever (the same entries met by their own consumer's restart were dead-lettered)."""
+    from worker.stream.messages import DELETED_REASON
+    from worker.stream.sink import ResultSink
+
+    client = redis.Redis.from_url(redis_url)
+    stream, dead = key_prefix + "tickets", key_prefix + "dead"
+    ids = [client.xadd(stream, {"id": f"g-{i}", "text": "hello"}).decode() for i in range(3)]
+    source = StreamSource(client, stream, "triage", "reader-test")
+    source.ensure_group()
+    client.xreadgroup("triage", "ghost", {stream: ">"}, count=3)  # a consumer that died holding them
+    client.xdel(stream, ids[1])
+    orphans = ResultSink(
+        client,
+        input_stream=stream,
+        group="triage",
+        results_stream=key_prefix + "results",
+        dead_letter_stream=dead,
+        result_key_prefix=key_prefix + "result:",
+        result_ttl_s=60,
+        results_maxlen=1000,
+        dead_letter_maxlen=1000,
+    )
+    reader = _reader(source, orphans=orphans)
+    reader.claim_idle_ms = 0
+    reader._epoch = reader.guard.epoch
+    where, got = reader._read()
+    assert where == "claimed" and [e.stream_id for e in got] == [ids[0], ids[2]]
+    (letter,) = [f for _, f in client.xrange(dead)]
+    assert letter[b"stream_id"].decode() == ids[1] and letter[b"reason"].decode() == DELETED_REASON
+    assert letter[b"worker"] == b"reader-test"
 
 
 def test_a_group_recreated_during_a_read_of_our_pending_entries_is_read_from_the_start_again(redis_url, key_prefix):

@@ -99,6 +99,7 @@ class _Loop:
             drain=drain,
             prefetch=settings.prefetch,
             on_reconnect=self._count_reconnect,
+            orphans=ResultSink.for_worker(self.source.client, settings, owned=False),
         )
         self.writer = Writer(
             self._commit, on_written=self._on_written, on_window_done=self._on_window_done, max_queued=2

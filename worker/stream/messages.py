@@ -39,13 +39,14 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
+DELETED_REASON = "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)"
+
+
 def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_bytes: int) -> Ticket | Rejected:
     """Validate one entry's flat fields. Unknown fields are ignored (they stay in the dead-letter payload)."""
     sid = as_text(stream_id)
     if not fields:
-        return Rejected(
-            sid, None, "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)"
-        )
+        return Rejected(sid, None, DELETED_REASON)
     named: dict[str, Any] = {}
     for k, v in fields.items():
         name = k.decode("utf-8", errors="replace") if isinstance(k, bytes) else k if isinstance(k, str) else None

@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 
 from worker.stream.connection import Backoff, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
+from worker.stream.messages import DELETED_REASON
+from worker.stream.records import dead_letter_fields
+from worker.stream.sink import Outcome, ResultSink
 from worker.stream.sizing import WindowSizer
 from worker.stream.source import RawEntry, StreamSource
 from worker.stream.window import Window, build_window
@@ -83,6 +86,7 @@ class Reader(threading.Thread):
         drain: bool = False,
         prefetch: bool = True,
         on_reconnect: Callable[[], None] | None = None,
+        orphans: ResultSink | None = None,
     ):
         super().__init__(name="triage-reader", daemon=True)
         self.source = source
@@ -100,6 +104,7 @@ class Reader(threading.Thread):
         self.log = log
         self.drain = drain
         self.on_reconnect = on_reconnect
+        self.orphans = orphans  # writes dead letters for claimed entries Redis found deleted (no ownership check)
         self._ready: queue.Queue = queue.Queue()  # windows read and tokenized, then END / DRAINED / a crash
         self._slots = threading.Semaphore(2 if prefetch else 1)  # windows held (ready or in the loop), not settled
         self.in_flight = InFlight()
@@ -208,11 +213,7 @@ class Reader(threading.Thread):
                 )
                 self.guard.in_epoch(self._epoch, lambda: self._keep_claim_cursor(claim_cursor))  # as above
                 if deleted:
-                    self.log.warning(
-                        "claimed_entries_deleted",
-                        count=len(deleted),
-                        note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them",
-                    )
+                    self._dead_letter_deleted(deleted)
                 fresh = self._take(got)
                 # in_hand: our own window, idle so long that we re-claimed it
                 # from ourselves (or from a stale claimer)
@@ -228,6 +229,29 @@ class Reader(threading.Thread):
             return "new", self._drain_new()
         finally:
             self._read_ms = (time.perf_counter() - t0) * 1000
+
+    def _dead_letter_deleted(self, ids: list[str]) -> None:
+        """Pending entries of another consumer deleted from the stream (XDEL, a MAXLEN trim): XAUTOCLAIM drops them
+        from the pending list, so without a dead letter nobody learns that their tickets were never classified (the
+        process restarting under the dead one's name reads them from its own list and dead-letters them alike)."""
+        letters = [
+            dead_letter_fields(
+                stream_id=i, reason=DELETED_REASON, payload={}, deliveries=0, worker=self.source.consumer
+            )
+            for i in ids
+        ]
+        try:
+            if self.orphans is not None:
+                self.orphans.write(Outcome(dead_letters=letters, ack_ids=list(ids)))
+        except Exception as e:  # noqa: BLE001 -- Redis dropped them already: there is nothing to retry from
+            self.log.error("claimed_entries_deleted", count=len(ids), ids=ids[:20], error=f"{type(e).__name__}: {e}")
+            return
+        self.log.warning(
+            "claimed_entries_deleted",
+            count=len(ids),
+            dead_lettered=self.orphans is not None,
+            note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them from the pending list",
+        )
 
     def _keep_claim_cursor(self, cursor: str) -> None:
         self._claim_cursor = cursor

@@ -113,8 +113,9 @@ class ResultSink:
         self.trim_input = trim_input
 
     @classmethod
-    def for_worker(cls, client: redis.Redis, settings) -> ResultSink:
-        """The stream worker's sink, from its ``Settings``."""
+    def for_worker(cls, client: redis.Redis, settings, *, owned: bool = True) -> ResultSink:
+        """The stream worker's sink, from its ``Settings``; ``owned=False``: no ownership check (records of entries
+        no longer pending anywhere, which the check would skip)."""
         return cls(
             client,
             input_stream=settings.input_stream,
@@ -125,7 +126,7 @@ class ResultSink:
             result_ttl_s=settings.result_ttl_s,
             results_maxlen=settings.results_maxlen,
             dead_letter_maxlen=settings.dead_letter_maxlen,
-            consumer=settings.consumer,
+            consumer=settings.consumer if owned else None,
             trim_input=settings.input_trim,
         )
 
