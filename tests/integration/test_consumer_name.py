@@ -228,3 +228,36 @@ def test_the_keeper_stops_beating_once_another_process_holds_the_name(client, ke
         keeper.stop()
     assert len(lost) == 1 and lost[0]["instance"] == newcomer.instance and keeper.lost == lost[0]
     assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
+
+
+def test_a_signal_while_the_model_loads_stops_without_reading(redis_url, key_prefix, monkeypatch):
+    """A SIGTERM during the load used to log warm_shutdown, then worker_ready, and read a window before stopping."""
+    from types import SimpleNamespace
+
+    from worker.settings import Settings
+    from worker.stream import startup
+
+    made = []
+
+    class Quiet(startup.Shutdown):
+        def install(self) -> None:  # no real handlers in the test process
+            made.append(self)
+
+    def load_and_get_a_signal(settings, log):
+        made[0].request("SIGTERM")  # what the handler does
+        return SimpleNamespace(model_name="m")
+
+    monkeypatch.setattr(startup, "Shutdown", Quiet)
+    monkeypatch.setattr(startup, "_load_model", load_and_get_a_signal)
+    settings = Settings(
+        redis_url=redis_url,
+        input_stream=key_prefix + "in",
+        results_stream=key_prefix + "results",
+        dead_letter_stream=key_prefix + "dead",
+        heartbeat_key_prefix=key_prefix + "hb:",
+        consumer="load-stop",
+    )
+    assert startup.start(settings, drain=False) == startup.EXIT_OK
+    client = redis.Redis.from_url(redis_url)
+    assert client.get(key_prefix + "hb:load-stop") is None  # its heartbeat cleared: no live-looking worker
+    assert [c["name"] for c in client.xinfo_consumers(key_prefix + "in", "triage")] == []  # nothing was read

@@ -86,6 +86,11 @@ def start(settings, *, drain: bool) -> Started | int:
         _quietly(heartbeat.clear)
         raise
     heartbeat.info["model"] = clf.model_name
+    if shutdown.stop.is_set():  # a signal while the model loaded: nothing read yet, so nothing to finish
+        keeper.stop()
+        _quietly(heartbeat.clear)
+        log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
+        return EXIT_OK
     return Started(client, source, shutdown, log, status, heartbeat, keeper, clf)
 
 
