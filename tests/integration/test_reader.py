@@ -169,3 +169,31 @@ def test_a_group_recreated_during_a_read_of_our_pending_entries_is_read_from_the
     reader._epoch = guard.epoch
     reader._read()  # the next read, in the same epoch, pages on from what it read
     assert reader._pending_cursor != "0"
+
+
+def test_an_entry_that_gives_a_field_twice_is_dead_lettered_with_its_fields_as_sent(redis_url, key_prefix):
+    """redis-py reads an entry into a dict: of `text "good text" text ""` only the last stayed, so the ticket was
+    dead-lettered as "text is empty", with a payload size and hash that were not the entry's."""
+    import hashlib
+    import json
+
+    from worker.stream.messages import Rejected, parse_entry
+    from worker.stream.records import dead_letter_fields
+
+    client = redis.Redis.from_url(redis_url)
+    stream = key_prefix + "tickets"
+    raw = [b"id", b"D-1", b"text", b"good text", b"text", b""]
+    source = StreamSource(client, stream, "triage", "reader-test")
+    source.ensure_group()
+    client.execute_command("XADD", stream, "*", *raw)
+    (entry,) = source.read_new(10, None)
+    got = parse_entry(entry.stream_id, entry.fields, max_text_bytes=1000)
+    assert isinstance(got, Rejected) and got.ticket_id == "D-1", got
+    assert got.reason == "the entry gives 'text' more than once"
+    letter = dead_letter_fields(stream_id=entry.stream_id, reason=got.reason, payload=entry.fields, deliveries=1)
+    recipe = hashlib.sha256(b"".join(b"%d:%s," % (len(p), p) for p in raw)).hexdigest()  # docs/worker.md's
+    assert letter["payload_sha256"] == recipe and letter["payload_bytes"] == str(sum(map(len, raw)))
+    assert json.loads(letter["payload"]) == {"id": "D-1", "text": "good text", "text#2": ""}
+    # a claim reads it the same way
+    _, claimed, _ = client.xautoclaim(stream, "triage", "other", 0, start_id="0-0")
+    assert claimed[0][1].repeated() == ["text"]

@@ -10,7 +10,7 @@ from worker.observability.prometheus import Metrics, PrometheusMetrics
 from worker.observability.reasons import REASON_CLASSES, reason_class
 from worker.observability.status import _worker
 from worker.observability.status_view import render
-from worker.stream.messages import Rejected, parse_entry
+from worker.stream.messages import EntryFields, Rejected, parse_entry
 from worker.stream.metrics import WindowMetrics
 from worker.stream.sink import Outcome
 from worker.stream.source import RawEntry
@@ -24,6 +24,7 @@ ENTRIES = {  # fields -> the class the worker's own reason sentence must fall in
     "bad_meta": {b"text": b"hi", b"meta": b"[1]"},
     "bad_id": {b"id": b"two\nlines", b"text": b"hi"},
     "deleted": {},
+    "repeated_field": EntryFields([b"id", b"D-1", b"text", b"good text", b"text", b""]),
 }
 
 

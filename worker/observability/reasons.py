@@ -20,6 +20,7 @@ _RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("empty_text", ("is empty (or only whitespace)", "ticket text is empty")),
     ("bad_meta", ("meta is not valid JSON", "meta must be a JSON object")),
     ("bad_id", ("id is empty", "id is longer than", "id contains control characters")),
+    ("repeated_field", ("more than once",)),
 )
 
 REASON_CLASSES: tuple[str, ...] = tuple(name for name, _ in _RULES) + ("other",)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,26 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
+class EntryFields(dict):
+    """An entry's fields by name, as redis-py reads them (a name given twice: its last value), with the raw pairs
+    in stream order (``pairs``): a ticket whose ``text`` came twice must not be classified on one of them, and its
+    dead letter's size and hash are the entry's own."""
+
+    def __init__(self, flat: Sequence[Any]):
+        self.pairs = list(zip(flat[0::2], flat[1::2]))
+        super().__init__(self.pairs)
+
+    def repeated(self) -> list[str]:
+        """Names of the known fields given more than once, in order."""
+        seen, twice = set(), []
+        for k, _ in self.pairs:
+            name = as_text(k)
+            if name in seen and name in KNOWN_FIELDS and name not in twice:
+                twice.append(name)
+            seen.add(name)
+        return twice
+
+
 DELETED_REASON = "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)"
 
 
@@ -62,6 +82,10 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
         why = id_problem(ticket_id)
         if why:
             return Rejected(sid, None, why)
+    twice = fields.repeated() if isinstance(fields, EntryFields) else []
+    if twice:  # redis-py keeps a name's last value: the ticket would be classified on part of what was sent
+        names = " and ".join(f"'{n}'" for n in twice)
+        return Rejected(sid, None if "id" in twice else ticket_id, f"the entry gives {names} more than once")
 
     if "text" not in named:
         return Rejected(

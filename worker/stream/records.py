@@ -101,13 +101,29 @@ def dead_letter_fields(
     return fields
 
 
+def _items(payload: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    """The entry's fields as sent: every pair in stream order (a name given twice, twice: ``EntryFields``)."""
+    pairs = getattr(payload, "pairs", None)
+    return list(pairs) if pairs is not None else list(payload.items())
+
+
+def _distinct(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Names made unique for a JSON object: a name's second value under ``name#2``."""
+    seen: dict[str, int] = {}
+    out = []
+    for name, value in pairs:
+        seen[name] = seen.get(name, 0) + 1
+        out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", value))
+    return out
+
+
 def payload_excerpt(payload: Mapping[Any, Any], limit_bytes: int) -> tuple[str, bool]:
     """The fields as a JSON object of at most ``limit_bytes`` UTF-8 bytes; True if anything was cut.
 
     Undecodable bytes appear as ``\\xNN`` escapes. When cut: at most 32 fields (names up to 64
     characters), each value shortened to the same length and ended with "…", and a field "…"
     saying how many fields were left out."""
-    pairs = [(_text(k), _text(v)) for k, v in payload.items()]
+    pairs = _distinct([(_text(k), _text(v)) for k, v in _items(payload)])
     whole = json.dumps(dict(pairs), ensure_ascii=False)
     if len(whole.encode("utf-8")) <= limit_bytes:
         return whole, False
@@ -128,14 +144,14 @@ def payload_excerpt(payload: Mapping[Any, Any], limit_bytes: int) -> tuple[str, 
 
 def payload_size(payload: Mapping[Any, Any]) -> int:
     """Bytes of the entry as received: field names and values."""
-    return sum(len(_raw(k)) + len(_raw(v)) for k, v in payload.items())
+    return sum(len(_raw(k)) + len(_raw(v)) for k, v in _items(payload))
 
 
 def payload_sha256(payload: Mapping[Any, Any]) -> str:
     """SHA-256 (hex) of the entry's raw fields in stream order, each name and value as a netstring
     (``<length>:<bytes>,``), so anyone holding the original entry can match it to its dead letter."""
     h = hashlib.sha256()
-    for k, v in payload.items():
+    for k, v in _items(payload):
         for part in (_raw(k), _raw(v)):
             h.update(b"%d:%s," % (len(part), part))
     return h.hexdigest()

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from worker.stream.messages import as_text
+from worker.stream.messages import EntryFields, as_text
 from worker.stream.scripts import read_own_script, refresh_script
 
 PENDING_PAGE = 1000  # XPENDING rows per call when reading delivery counts
@@ -35,7 +35,7 @@ class GroupState:
 
 class StreamSource:
     def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str):
-        self.client = client
+        self.client = keep_field_pairs(client)
         self.stream = stream
         self.group = group
         self.consumer = consumer
@@ -186,12 +186,41 @@ def id_before(stream_id: str) -> str:
     return f"{ms - 1}-{2**64 - 1}" if ms > 0 else "0"
 
 
-def _field_dict(flat: Any) -> dict | None:
-    """A script's flat [name, value, ...] reply as XREADGROUP's fields (None: the entry was deleted; Lua's false
-    arrives as a null over RESP2 and as a boolean over RESP3)."""
+def _field_dict(flat: Any) -> EntryFields | None:
+    """A flat [name, value, ...] reply (a script's, XREADGROUP's, XAUTOCLAIM's) as the entry's fields (None: the
+    entry was deleted; Lua's false arrives as a null over RESP2 and as a boolean over RESP3)."""
     if not isinstance(flat, list):
         return None
-    return dict(zip(flat[0::2], flat[1::2]))
+    return EntryFields(flat)
+
+
+def _stream_list(rows: Any) -> list:
+    """redis-py's ``parse_stream_list``, the fields kept as ``EntryFields`` (raw pairs, repeated names)."""
+    return [(r[0], _field_dict(r[1])) if r is not None else (None, None) for r in rows or []]
+
+
+def _parse_xread(response: Any, **options: Any) -> Any:
+    """XREADGROUP's reply in redis-py's shape (RESP2 list, RESP3 map), fields as ``EntryFields``."""
+    if response is None:
+        return []
+    if isinstance(response, dict):
+        return {name: [_stream_list(rows)] for name, rows in response.items()}
+    return [[r[0], _stream_list(r[1])] for r in response]
+
+
+def _parse_xautoclaim(response: Any, **options: Any) -> Any:
+    if options.get("parse_justid", False):
+        return response[1]
+    response[1] = _stream_list(response[1])
+    return response
+
+
+def keep_field_pairs(client: redis.Redis) -> redis.Redis:
+    """Have ``client`` read entries as ``EntryFields``: redis-py's own parsers make a dict of each entry, keeping a
+    repeated name's last value only (``text`` sent twice: classified on the second, dead-lettered on an empty one)."""
+    client.set_response_callback("XREADGROUP", _parse_xread)
+    client.set_response_callback("XAUTOCLAIM", _parse_xautoclaim)
+    return client
 
 
 def _entries(reply: Any) -> list[tuple[Any, Any]]:
