@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from tests.tiny_model import build_tiny_bert, build_tiny_model  # noqa: E402
 from tests.worker_proc import make_env  # noqa: E402
-from worker.redis_server import INSTALL_HINT, PrivateRedis, answers, find_server_binary  # noqa: E402
+from worker.redis_server import INSTALL_HINT, PrivateRedis, RedisRefused, answers, find_server_binary  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -44,7 +44,11 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 def redis_url(request) -> Iterator[str]:
     """TRIAGE_TEST_REDIS_URL (default 127.0.0.1:6379) if a Redis answers there; else a private server for the
     session on a free port (redis-server from PATH or the embedded-redis extra); else the Redis tests skip."""
-    if answers(REDIS_URL):
+    try:
+        shared = answers(REDIS_URL)
+    except RedisRefused:  # e.g. a password-protected Redis at the default URL: the tests bring their own
+        shared = False
+    if shared:
         yield REDIS_URL
         return
     binary = find_server_binary()

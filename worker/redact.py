@@ -90,7 +90,7 @@ def url_secrets(url: str | None) -> list[str]:
         # early, so its user info is a piece of the password or nothing
         found = {parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else None, url_userinfo(url)}
         if found == {None}:  # no user info a URL parser or the mask's shape finds: a scheme with a typo?
-            found.add(loose_userinfo(url))
+            out += loose_secrets(url)
         for userinfo in found - {None}:
             out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
             out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
@@ -104,14 +104,16 @@ def url_secrets(url: str | None) -> list[str]:
     return [s for s in out if s]
 
 
-def loose_userinfo(url: str) -> str | None:
-    """What a malformed URL holds before its last "@" (``tw:pw@host``, ``redis:/u:pw@host``, ``redis//u:pw@h``: a
-    typo in the scheme): no URL shape masks it, so its password must be known by value. None without an "@"."""
+def loose_secrets(url: str) -> list[str]:
+    """What may be a password in a malformed URL (``tw:pw@host``, ``redis:/u:pw@host``, ``redis//u:pw@h``: a typo in
+    the scheme), which no URL shape masks: whatever follows each ":" before the last "@" (the part before the first
+    one may be a scheme or a user name, so each is taken), but not a ":/" (a scheme's: ``redis:/user@h`` has no
+    password, and its user name masked everywhere would mangle ordinary text)."""
     head = re.split(r"[?&][\w.-]*=", url.strip(), maxsplit=1)[0]
     if "@" not in head:
-        return None
-    userinfo = re.sub(r"^[a-z][a-z0-9+.-]*:/*(?=[^:]*:)", "", head.rsplit("@", 1)[0], flags=re.I)
-    return userinfo.lstrip("/") or None
+        return []
+    before = head.rsplit("@", 1)[0]
+    return [before[i + 1 :] for i, c in enumerate(before) if c == ":" and before[i + 1 : i + 2] not in ("", "/")]
 
 
 def url_userinfo(url: str) -> str | None:

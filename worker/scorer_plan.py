@@ -20,8 +20,8 @@ class ScoringConfigError(ConfigError):
     change (what preflight and the worker's ``config_invalid`` line name)."""
 
     def __init__(self, setting: str, text: str):
-        super().__init__(f"{setting}: {text}")
-        self.setting, self.text = setting, text
+        super().__init__(f"{setting}: {text}", setting=setting)
+        self.text = text
 
 
 @dataclass(frozen=True)

@@ -230,8 +230,10 @@ def test_the_keeper_stops_beating_once_another_process_holds_the_name(client, ke
     assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
 
 
-def test_a_signal_while_the_model_loads_stops_without_reading(redis_url, key_prefix, monkeypatch):
-    """A SIGTERM during the load used to log warm_shutdown, then worker_ready, and read a window before stopping."""
+@pytest.mark.parametrize("request_args, code", [(("SIGTERM",), 0), (("consumer name lost", 2), 2)])
+def test_a_stop_while_the_model_loads_stops_without_reading(redis_url, key_prefix, monkeypatch, request_args, code):
+    """A SIGTERM during the load used to log warm_shutdown, then worker_ready, and read a window before stopping;
+    the name lost meanwhile (the keeper's request, exit 2) must still exit 2."""
     from types import SimpleNamespace
 
     from worker.settings import Settings
@@ -243,12 +245,12 @@ def test_a_signal_while_the_model_loads_stops_without_reading(redis_url, key_pre
         def install(self) -> None:  # no real handlers in the test process
             made.append(self)
 
-    def load_and_get_a_signal(settings, log):
-        made[0].request("SIGTERM")  # what the handler does
+    def load_and_get_stopped(settings, log):
+        made[0].request(*request_args)  # what the signal handler or the keeper does
         return SimpleNamespace(model_name="m")
 
     monkeypatch.setattr(startup, "Shutdown", Quiet)
-    monkeypatch.setattr(startup, "_load_model", load_and_get_a_signal)
+    monkeypatch.setattr(startup, "_load_model", load_and_get_stopped)
     settings = Settings(
         redis_url=redis_url,
         input_stream=key_prefix + "in",
@@ -257,7 +259,7 @@ def test_a_signal_while_the_model_loads_stops_without_reading(redis_url, key_pre
         heartbeat_key_prefix=key_prefix + "hb:",
         consumer="load-stop",
     )
-    assert startup.start(settings, drain=False) == startup.EXIT_OK
+    assert startup.start(settings, drain=False) == code
     client = redis.Redis.from_url(redis_url)
-    assert client.get(key_prefix + "hb:load-stop") is None  # its heartbeat cleared: no live-looking worker
+    assert client.get(key_prefix + "hb:load-stop") is None  # its own heartbeat cleared: no live-looking worker
     assert [c["name"] for c in client.xinfo_consumers(key_prefix + "in", "triage")] == []  # nothing was read

@@ -8,6 +8,7 @@ Gemma 2 left out of label scores, and rows past a model's learned positions.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -17,7 +18,7 @@ import transformers as tf
 
 from tests.tiny_model import build_tokenizer, scaled_up
 from worker.engine.classifier import Classifier
-from worker.engine.final_logits import final_logit_transform, head_problem
+from worker.engine.final_logits import final_logit_transform, final_step, head_problem
 from worker.engine.loader import load_model
 from worker.engine.task import Task
 from worker.engine.types import ConfigError
@@ -119,6 +120,18 @@ def test_label_probabilities_include_the_models_final_logit_step(tmp_path, name,
     assert np.abs(_engine_logp(clf, items) - _model_logp(clf, items)).max() < 1e-4
 
 
+@pytest.mark.parametrize("logit_scale", [0.5, "inv_sqrt_d_model"])
+def test_a_final_step_the_config_names_but_the_model_never_applies_is_left_out(tmp_path, logit_scale):
+    """MPT's config has a ``logit_scale`` its forward never uses: applied, label scores were not the model's; a
+    value that is no number ("inv_sqrt_d_model", which MptConfig takes) failed the scorer with a traceback."""
+    fields = dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=4096, logit_scale=logit_scale)
+    lm = _tiny(tmp_path / "mpt", tf.MptConfig, tf.MptForCausalLM, **fields)
+    assert final_step(lm.model) == (None, None)
+    clf = Classifier(lm, TASK, attention="padded")
+    items = clf.prepare_valid(TEXTS)
+    assert np.abs(_engine_logp(clf, items) - _model_logp(clf, items)).max() < 1e-4
+
+
 def test_rows_stay_within_a_models_learned_positions(tmp_path):
     """GPT-2 with 128 positions: a long ticket raised IndexError in its pass (a dead letter) instead of being cut."""
     lm = _tiny(tmp_path / "gpt2", tf.GPT2Config, tf.GPT2LMHeadModel, n_embd=64, n_head=4, n_layer=2, n_positions=128)
@@ -131,3 +144,17 @@ def test_rows_stay_within_a_models_learned_positions(tmp_path):
     long_task = Task(labels=TASK.labels, instructions="Classify the ticket. " * 40)
     with pytest.raises(ConfigError, match="positions, leaving none for a ticket"):
         Classifier(lm, long_task)
+
+
+def test_the_worker_names_the_task_when_its_prompt_leaves_no_room_for_a_ticket(tmp_path, triage_env):
+    """Found while the model loads (after the preflight): the config_invalid line named TRIAGE_SCORER /
+    TRIAGE_HEAD_PATH for every such error."""
+    from tests.worker_proc import env_with, run_cli
+
+    _tiny(tmp_path / "gpt2", tf.GPT2Config, tf.GPT2LMHeadModel, n_embd=64, n_head=4, n_layer=2, n_positions=64)
+    env = env_with(triage_env, TRIAGE_MODEL=tmp_path / "gpt2", TRIAGE_SCORER="prompt", TRIAGE_LOG_FORMAT="json")
+    r = run_cli(env, "run", "--drain", timeout_s=300)
+    recs = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
+    (bad,) = [x for x in recs if x["event"] == "config_invalid"]
+    assert r.returncode == 2 and bad["setting"] == "TRIAGE_TASK_FILE", recs
+    assert "positions, leaving none for a ticket" in bad["error"] and "Traceback" not in r.stderr

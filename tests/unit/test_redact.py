@@ -73,9 +73,20 @@ def test_ordinary_text_is_left_alone():
 
 @pytest.mark.parametrize(
     "url",
-    ["tw:Us3rPWzz@127.0.0.1:6391", "redis:/tw:Us3rPWzz@127.0.0.1:6391/0", "redis//tw:Us3rPWzz@127.0.0.1:6391/0"],
+    [
+        "tw:Us3rPWzz@127.0.0.1:6391",
+        "redis:/tw:Us3rPWzz@127.0.0.1:6391/0",
+        "redis//tw:Us3rPWzz@127.0.0.1:6391/0",
+        "tw:Us3r:PWzz@127.0.0.1",  # a user and a password, no scheme: both parts after the user hidden
+    ],
 )
 def test_a_url_with_a_typo_in_its_scheme_still_has_its_password_masked(url):
     """No URL shape matches these, and "not a usable Redis URL (got '...')" printed the password in clear."""
     redact.register_url_secrets(url)
-    assert "Us3rPWzz" not in redact.mask_secrets(f"not a usable Redis URL (got {url!r})")
+    masked = redact.mask_secrets(f"not a usable Redis URL (got {url!r})")
+    assert "PWzz" not in masked and "***" in masked, masked
+
+
+def test_a_malformed_url_without_a_password_masks_no_ordinary_word():
+    redact.register_url_secrets("redis:/user@h")
+    assert redact.mask_secrets("the user logged in") == "the user logged in"

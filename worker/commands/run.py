@@ -71,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         code = run_worker(settings, drain=args.drain)
     except ConfigError as e:  # found only once the model is loaded (a head for another prompt): one line, exit 2
-        log.error("config_invalid", setting=getattr(e, "setting", "TRIAGE_SCORER / TRIAGE_HEAD_PATH"), error=str(e))
+        log.error(
+            "config_invalid",
+            setting=e.setting or "TRIAGE_SCORER / TRIAGE_HEAD_PATH",
+            error=getattr(e, "text", None) or str(e),
+        )
         code = preflight.EXIT_CONFIG
     except Exception:  # e.g. the model cannot be loaded: say so in the log format ops read
         log.exception("worker_failed")

@@ -34,7 +34,8 @@ def setup_attention(
     heads = getattr(cfg, "num_attention_heads", None)
     if not heads:
         raise ConfigError(
-            f"{cfg.model_type} models have no attention heads (a state-space model?): triage runs transformers"
+            f"{cfg.model_type} models have no attention heads (a state-space model?): triage runs transformers",
+            setting="TRIAGE_MODEL",
         )
     attention = fast.allowed(wanted, prefix_cache, log)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

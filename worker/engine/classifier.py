@@ -33,7 +33,7 @@ from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.exactness import FastPaths, fast_paths
 from worker.engine.forward import ForwardOut, PrefixKV, compute_prefix, run_forward
-from worker.engine.framing import Framing, prepare
+from worker.engine.framing import Framing, label_room, prepare
 from worker.engine.joined import backbone_name as backbone_name
 from worker.engine.joined import check_pair, join_encoder
 from worker.engine.labels import LabelTokens
@@ -95,10 +95,9 @@ class Classifier:
             self.template: PromptTemplate = encoder_template(self.tokenizer)
         else:
             self.template = build_template(self.tokenizer, task.labels_only() if head_prompt == "labels" else task)
-        t = self.template  # a causal LM's row leaves its positions room for the longest label's tokens after it
         decoder = self.kind == "decoder"
-        reserve = LabelTokens.build(self.tokenizer, task.labels, t.label_lead, t.answer_end) if decoder else None
-        self.framing = Framing.of(loaded, t, self.options.max_input_tokens, reserve.max_continuation if reserve else 0)
+        room = label_room(loaded, self.template, task.labels, joined=encoder is not None)
+        self.framing = Framing.of(loaded, self.template, self.options.max_input_tokens, room)
         self.max_input_tokens, self.pad_id = self.framing.limit, self.framing.pad_id
         # joined features: how the encoder sees the same tickets
         self.aux_framing = (

@@ -4,8 +4,9 @@ The prompt scorer projects hidden states onto the label tokens' rows of the LM h
 the vocabulary), so it must apply the same final step the model's own forward applies: Granite divides by
 ``logits_scaling``, Cohere multiplies by ``logit_scale``, Gemma 2 soft-caps (``final_logit_softcapping``).
 Without it the label probabilities are not the model's (the fast paths and the reference agreed, both wrong).
-``head_problem`` checks the result against the model's own forward once, so a model with another final step is
-named in the log instead of scored quietly otherwise.
+The config only says what a field holds, not that the model uses it (MPT has a ``logit_scale`` it never applies),
+so ``final_step`` keeps the config's step only where it reproduces the model's own logits on a tiny input, and
+names a model that neither it nor no step reproduces in the log instead of scoring it quietly otherwise.
 """
 
 from __future__ import annotations
@@ -17,8 +18,24 @@ import torch
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
+def final_step(model) -> tuple[Transform | None, str | None]:
+    """(the step that makes the LM head's output the model's own logits, None if neither the config's step nor
+    no step does; else why not)."""
+    try:
+        from_config = final_logit_transform(model.config)
+    except (TypeError, ValueError):  # a field that is no number (MPT's logit_scale "inv_sqrt_d_model")
+        from_config = None
+    first = None
+    for candidate in ([from_config] if from_config is not None else []) + [None]:
+        problem = head_problem(model, candidate)
+        if problem is None:
+            return candidate, None
+        first = first or problem
+    return from_config, first
+
+
 def final_logit_transform(config) -> Transform | None:
-    """The model's final logit step as a function of the LM head's output (None: there is none)."""
+    """The final logit step a config describes, as a function of the LM head's output (None: it describes none)."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     scale = 1.0
     if getattr(cfg, "logits_scaling", None):  # Granite: logits / logits_scaling

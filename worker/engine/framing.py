@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate
 from worker.engine.types import ConfigError, InvalidTicket, Prepared
@@ -44,7 +45,8 @@ class Framing:
             if positions - around < 1:
                 raise ConfigError(
                     f"the prompt takes {around} of the model's {positions} positions, leaving none for a ticket "
-                    "(shorten the task: fewer or shorter examples and descriptions)"
+                    "(shorten the task: fewer or shorter examples and descriptions)",
+                    setting="TRIAGE_TASK_FILE",
                 )
             limit = min(max_input_tokens, positions - around)
         return cls(loaded.tokenizer, template, limit)
@@ -64,6 +66,19 @@ class Framing:
     def frame(self, ids: Sequence[int]) -> tuple[int, ...]:
         """The row of a ticket's ids: cut to ``limit``, framed by the template's lead and tail."""
         return self.template.lead_ids + tuple(ids[: self.limit]) + self.template.tail_ids
+
+
+def label_room(loaded: LoadedModel, template: PromptTemplate, labels: Sequence[str], *, joined: bool) -> int:
+    """Positions a causal LM's row leaves for the longest label's tokens after it (prompt scoring); none where
+    labels are never scored as tokens (an encoder, joined features) or cannot be (the scorer says why)."""
+    if loaded.kind != "decoder" or joined:
+        return 0
+    try:
+        return LabelTokens.build(
+            loaded.tokenizer, tuple(labels), template.label_lead, template.answer_end
+        ).max_continuation
+    except ValueError:
+        return 0
 
 
 def decoder_positions(config) -> int | None:

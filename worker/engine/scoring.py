@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine.compat import cache_kwarg
-from worker.engine.final_logits import Transform, final_logit_transform, head_problem
+from worker.engine.final_logits import Transform, final_step
 from worker.engine.forward import ForwardOut, decoder, padded_rows
 from worker.engine.labels import LabelTokens
 
@@ -44,8 +44,7 @@ class PromptScorer:
         self.labels = labels
         self.names = labels.names
         self.needs_cache = bool(labels.multi)
-        self._final = final_logit_transform(model.config)  # the model's own last step after its LM head
-        problem = head_problem(model, self._final)
+        self._final, problem = final_step(model)  # the model's own last step after its LM head
         if problem:
             log.warning("label scores may not be the model's own: its logits and the LM head's output %s", problem)
         head = model.get_output_embeddings()

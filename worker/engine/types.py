@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 
 class ConfigError(ValueError):
     """Settings that cannot work together (a scorer the model cannot run, a head fitted for another prompt):
-    the operator's to fix, so every command says it in one line and exits 2 instead of a traceback."""
+    the operator's to fix, so every command says it in one line and exits 2 instead of a traceback. ``setting``:
+    the variable to change, where one is known (the worker's ``config_invalid`` line names it)."""
+
+    setting: str | None = None
+
+    def __init__(self, *args: object, setting: str | None = None):
+        super().__init__(*args)
+        if setting is not None:
+            self.setting = setting
 
 
 class InvalidTicket(ValueError):

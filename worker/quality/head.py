@@ -40,6 +40,8 @@ L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 class HeadMismatch(ConfigError):
     """The head was fitted for another model, prompt or label set."""
 
+    setting = "TRIAGE_HEAD_PATH"
+
 
 def prompt_hash(clf) -> str:
     """Identifies the token ids around every ticket: hidden states depend on them."""

@@ -196,9 +196,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 def meta_problem(meta: str) -> str | None:
     """Why ``meta`` is no strict JSON object (None: it is one). Strict: no NaN or Infinity (Python's parser takes
     them, JSON has none, and a reader of the results would fail on them) and no lone surrogate escape ("\\ud800",
-    which no UTF-8 output can print). The worker dead-letters such a ticket; the producer client refuses it."""
+    which no UTF-8 output can print). The worker dead-letters such a ticket with this reason."""
     try:
-        value = json.loads(meta, parse_constant=_not_json)
+        value = _STRICT_JSON.decode(meta)
     except RecursionError:  # valid or not, the parser gave up on the depth before it could tell
         return (
             "meta is nested too deeply to read (arrays/objects inside each other beyond the parser's limit); "
@@ -209,18 +209,23 @@ def meta_problem(meta: str) -> str | None:
         return f'meta is not valid JSON ({detail}); send a JSON object such as {{"customer": 42}} or omit it'
     if not isinstance(value, dict):
         return f"meta must be a JSON object, got a JSON {_json_kind(value)}"
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return (
-            "meta is not valid JSON for a UTF-8 reader (a lone surrogate escape such as \\ud800, half of an emoji); "
-            "send valid Unicode"
-        )
+    if _SURROGATE_ESCAPE.search(meta):  # a pair (an emoji) is fine: only a lone half cannot be UTF-8
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return (
+                "meta is not valid JSON for a UTF-8 reader (a lone surrogate escape such as \\ud800, half of an "
+                "emoji); send valid Unicode"
+            )
     return None
 
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value")
+
+
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)  # built once: meta is parsed for every ticket with one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _json_kind(value: Any) -> str:

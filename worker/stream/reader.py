@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from worker.observability import prometheus
 from worker.stream.connection import Backoff, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.messages import DELETED_REASON
@@ -246,6 +247,10 @@ class Reader(threading.Thread):
         except Exception as e:  # noqa: BLE001 -- Redis dropped them already: there is nothing to retry from
             self.log.error("claimed_entries_deleted", count=len(ids), ids=ids[:20], error=f"{type(e).__name__}: {e}")
             return
+        if self.orphans is not None:  # as the writer tells its own dead letters (not in the window counts)
+            for d in letters:
+                self.log.warning("dead_lettered", stream_id=d["stream_id"], id=None, reason=d["reason"], deliveries=0)
+            prometheus.current().on_written(Outcome(dead_letters=letters))
         self.log.warning(
             "claimed_entries_deleted",
             count=len(ids),

@@ -86,11 +86,12 @@ def start(settings, *, drain: bool) -> Started | int:
         _quietly(heartbeat.clear)
         raise
     heartbeat.info["model"] = clf.model_name
-    if shutdown.stop.is_set():  # a signal while the model loaded: nothing read yet, so nothing to finish
+    if shutdown.stop.is_set():  # a signal (or the name lost) while the model loaded: nothing read, nothing to finish
         keeper.stop()
-        _quietly(heartbeat.clear)
-        log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
-        return EXIT_OK
+        code, why = shutdown.outcome(EXIT_OK, shutdown.reason or "stopped")
+        _quietly(heartbeat.clear)  # not a key another process took over (compare-and-delete)
+        log.info("worker_stopped", reason=why, windows=0, items=0, dead_lettered=0)
+        return code
     return Started(client, source, shutdown, log, status, heartbeat, keeper, clf)
 
 
