@@ -171,13 +171,17 @@ def main() -> int:
     args = p.parse_args()
 
     from worker.assemble import GPU_PASS_DEFAULTS
-    from worker.redis_server import redis_or_private
+    from worker.redis_server import RedisRefused, redis_or_private
     from worker.settings import Settings
 
     caps = {k: GPU_PASS_DEFAULTS[k] for k in ("pass_max_items", "pass_max_tokens", "pass_overhead_tokens")}
     settings = Settings(model=args.model, device="cpu", dtype="fp32", attention="packed", **caps)
-    with redis_or_private(args.redis_url or settings.redis_url, log=lambda m: print(m, file=sys.stderr)) as url:
-        res = measure(settings, args.n, args.reps, url)
+    try:
+        with redis_or_private(args.redis_url or settings.redis_url, log=lambda m: print(m, file=sys.stderr)) as url:
+            res = measure(settings, args.n, args.reps, url)
+    except RedisRefused as e:  # a Redis that refuses the URL's credentials: not replaced by a private one
+        print(f"host_costs: {e}", file=sys.stderr)
+        return 2
     print(report(res))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
