@@ -47,7 +47,11 @@ def setup_attention(
         if problem:
             log.warning("packed attention falls back to the torch kernel: %s", problem)
             kernel = "torch"
-    problem = packed_problem(model, kernel)
+    checked = getattr(model, "_triage_packed_checked", {})  # once per loaded model and kernel
+    if kernel not in checked:
+        checked[kernel] = packed_problem(model, kernel)
+        model._triage_packed_checked = checked
+    problem = checked[kernel]
     if problem:
         log.warning("packed attention is off for this model: %s", problem)
         return dataclasses.replace(fast, packed=problem), "padded", kernel

@@ -20,7 +20,16 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 
 def final_step(model) -> tuple[Transform | None, str | None]:
     """(the step that makes the LM head's output the model's own logits, None if neither the config's step nor
-    no step does; else why not)."""
+    no step does; else why not). Checked once per loaded model (two small forwards): every scorer built on it
+    (eval's prompt variants, the bench's modes) reuses the answer."""
+    found = getattr(model, "_triage_final_step", None)
+    if found is None:
+        found = _check_final_step(model)
+        model._triage_final_step = found  # a plain attribute: not a parameter, buffer or submodule
+    return found
+
+
+def _check_final_step(model) -> tuple[Transform | None, str | None]:
     try:
         from_config = final_logit_transform(model.config)
     except (TypeError, ValueError):  # a field that is no number (MPT's logit_scale "inv_sqrt_d_model")
