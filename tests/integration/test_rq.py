@@ -100,6 +100,22 @@ class FailingTokenizerBatchWorker(BatchWorker):
         self.clf.prepare = prepare
 
 
+class OutOfMemoryAfterClassifyBatchWorker(BatchWorker):
+    """Redis runs out of memory (noeviction) right after the batch is classified, for 2 s: the labels are in hand
+    when every write is refused."""
+
+    def _classify(self, entries):
+        import threading
+
+        out = super()._classify(entries)
+        if not self.connection.exists("oom-done"):
+            self.connection.set("oom-done", 1)
+            self.connection.config_set("maxmemory-policy", "noeviction")
+            self.connection.config_set("maxmemory", 1)
+            threading.Timer(2.0, lambda: self.connection.config_set("maxmemory", 0)).start()
+        return out
+
+
 class WatchedOutcomeBatchWorker(FailingPassBatchWorker):
     """The failing-pass worker that notes, as it records each job's outcome, whether the batch heartbeat still beats
     (``<queue>:heartbeat-while-recording``, one "1"/"0" per succeed / fail call): finished jobs' webhooks can take
@@ -277,6 +293,33 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     batches = _log_events(h, "rq_batch")
     assert sum(b["jobs"] for b in batches) == len(good) + len(bad) + 1  # + the retry of wrong_type
     assert len(batches) <= 6 and sum(b["forward_passes"] for b in batches) <= 12  # not one pass per job
+
+
+def test_redis_out_of_memory_while_recording_a_batch_is_waited_out_not_a_crash(rq_setup):
+    """The refused MULTI/EXEC escaped the batch: RQ quit the worker (exit 1), and its registry cleanup later failed
+    the labelled jobs as abandoned. Now the recording is retried until Redis takes it (a private server: the test
+    sets maxmemory)."""
+    from worker.redis_server import PrivateRedis, find_server_binary
+
+    binary = find_server_binary()
+    if binary is None:
+        pytest.skip("no redis-server to start privately")
+    with PrivateRedis(binary=binary) as server:
+        conn = redis.Redis.from_url(server.url)
+        h = SimpleNamespace(
+            conn=conn,
+            url=server.url,
+            queue=Queue("oom-q", connection=conn, serializer=JSONSerializer),
+            worker_name="oom-w",
+            env={**rq_setup.env, "TRIAGE_REDIS_URL": server.url, "TRIAGE_RECONNECT_MAX_S": "0.5"},
+            log=rq_setup.log,
+        )
+        jobs = enqueue_tickets(h.queue, TICKETS[:4])
+        _run_to_exit(h, worker_class="tests.integration.test_rq.OutOfMemoryAfterClassifyBatchWorker")
+        _assert_labelled(h, jobs)
+        waits = [e for e in _log_events(h, "redis_unavailable") if e.get("op") == "rq_record"]
+        assert waits and ("OutOfMemory" in waits[0]["error"] or "OOM" in waits[0]["error"]), waits
+        assert len(h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])) == 4  # each label mirrored once
 
 
 def test_a_failing_pass_fails_only_the_job_that_breaks_it(rq_setup):

@@ -161,8 +161,14 @@ class BatchWorker(BaseWorker):
                     e.job.ended_at = ended
                 outcome.run_callbacks(self, accepted)
                 ok = [e for e in accepted if e.error is None]
-                outcome.succeed(
-                    self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name
+                self._until_written(
+                    lambda: outcome.succeed(
+                        self,
+                        [e for e in ok if not e.recorded],
+                        self.settings.results_stream,
+                        self.settings.results_maxlen,
+                        self.clf.model_name,
+                    )
                 )
                 for e in accepted:
                     if e.error is not None:
@@ -184,6 +190,32 @@ class BatchWorker(BaseWorker):
             total_ms=round(fill_ms + (time.perf_counter() - t0) * 1000, 1),
             queues=sorted({e.queue.name for e in entries}),
         )
+
+    def _until_written(self, record) -> None:
+        """``record()`` again while Redis refuses writes it will take later (out of memory, a restart, a replica
+        not promoted yet), the batch heartbeat beating: the labels are in hand. Raised, RQ's worker quit and its
+        registry cleanup later failed the labelled jobs as abandoned. Each try writes jobs not recorded yet; a
+        refused MULTI/EXEC applies nothing. A second signal (cold stop) still ends the worker."""
+        from worker.stream.connection import Backoff, is_passing
+
+        backoff = Backoff(self.settings.reconnect_max_s)
+        while True:
+            try:
+                record()
+                if backoff.attempt:
+                    self.tlog.info("redis_reconnected", op="rq_record", attempts=backoff.attempt)
+                return
+            except Exception as e:  # noqa: BLE001 - only what passes by itself is retried
+                if not is_passing(e):
+                    raise
+                delay = backoff.failed(None)
+                self.tlog.warning(
+                    "redis_unavailable",
+                    op="rq_record",
+                    error=f"{type(e).__name__}: {e}",
+                    attempt=backoff.attempt,
+                    retried_after_s=round(delay, 2),
+                )
 
     def _classify(self, entries: list[Entry]) -> tuple[RunStats, int]:
         """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error.
