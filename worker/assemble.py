@@ -293,11 +293,14 @@ def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
 
 def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, pooling: str = AUTO_POOLING):
     """A head from the task's own few-shot examples, through the classifier's own forward pass."""
+    from worker.engine.framing import prepare
     from worker.quality.features import run_features
     from worker.quality.head import fit_head, head_meta
 
     examples = clf.task.examples
-    feats = run_features(clf, clf.prepare_valid([e.text for e in examples]), score=False, progress=False)
+    # cut to the ticket limit whatever TRIAGE_TRUNCATE says: an example is part of the task, not a ticket to refuse
+    items = prepare([e.text for e in examples], clf.framing, True, clf.aux_framing)
+    feats = run_features(clf, items, score=False, progress=False)
     labels = [e.label for e in examples]
     meta = head_meta(clf, "task examples")
     return fit_head(

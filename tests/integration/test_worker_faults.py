@@ -285,3 +285,18 @@ def test_a_fill_wait_past_the_default_socket_timeout_is_not_a_redis_outage(triag
     assert not w.events("redis_unavailable"), w.stderr_tail()
     ((kind, rec),) = wait_settled(r, triage_env, ids).values()
     assert kind == "result" and rec["id"] == "long-fill-0"
+
+
+def test_a_tight_token_limit_with_truncation_off_starts_and_refuses_only_the_long_tickets(triage_env, redis_url):
+    """The start-up warm-up ticket was refused like a ticket over the limit: the worker (stream and RQ) stopped with
+    an InvalidTicket traceback before it read anything."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    env = env_with(triage_env, TRIAGE_TRUNCATE="false", TRIAGE_MAX_INPUT_TOKENS=8)  # the warm-up sentence: 22
+    short = push(r, triage_env, 1, "tight-short", text="hi")
+    long = push(r, triage_env, 1, "tight-long")
+    with start_worker(env, "run", "--drain") as w:
+        assert w.wait(timeout_s=120) == 0, w.stderr_tail()
+    results = {f["stream_id"] for _, f in r.xrange(triage_env["TRIAGE_RESULTS_STREAM"])}
+    dead = {f["stream_id"]: f["reason"] for _, f in r.xrange(triage_env["TRIAGE_DEAD_LETTER_STREAM"])}
+    assert results == set(short) and set(dead) == set(long), (results, dead)
+    assert "-token limit (truncation is off)" in dead[long[0]]
