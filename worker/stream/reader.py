@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from worker.observability import prometheus
-from worker.stream.connection import Backoff, is_transient
+from worker.stream.connection import Backoff, is_passing, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.messages import DELETED_REASON
 from worker.stream.records import dead_letter_fields
@@ -241,12 +241,17 @@ class Reader(threading.Thread):
             )
             for i in ids
         ]
-        try:
-            if self.orphans is not None:
+        backoff = Backoff(self.backoff.max_s)
+        while self.orphans is not None:  # Redis dropped them already: these ids in memory are all that is left
+            try:
                 self.orphans.write(Outcome(dead_letters=letters, ack_ids=list(ids)))
-        except Exception as e:  # noqa: BLE001 -- Redis dropped them already: there is nothing to retry from
-            self.log.error("claimed_entries_deleted", count=len(ids), ids=ids[:20], error=f"{type(e).__name__}: {e}")
-            return
+                break
+            except Exception as e:  # noqa: BLE001 -- an outage passes: retry; anything else is only logged
+                if not is_passing(e) or self.stop.is_set():
+                    error = f"{type(e).__name__}: {e}"
+                    self.log.error("claimed_entries_deleted", count=len(ids), ids=ids[:20], error=error)
+                    return
+                backoff.failed(self.stop)
         if self.orphans is not None:  # as the writer tells its own dead letters (not in the window counts)
             for d in letters:
                 self.log.warning("dead_lettered", stream_id=d["stream_id"], id=None, reason=d["reason"], deliveries=0)
