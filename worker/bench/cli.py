@@ -324,27 +324,11 @@ def _run(
         title = "\nbackbones (the worker's path and scorer for each; passes interleaved)\n"
         print(title + bb.table(doc["backbones"]), flush=True)
     if args.redis:
-        from worker.bench.redis_mode import run_redis
-        from worker.redis_server import RedisRefused, redis_or_private
+        from worker.bench.redis_mode import mode6
 
         print("\nmode 6: enqueue + `python -m worker run --drain` (few-shot task) ...", flush=True)
-        # a GPU box without Redis: a private server (PATH or the embedded-redis extra) for the run
-        try:
-            with redis_or_private(settings.redis_url, log=lambda m: print(m, flush=True), purpose="mode 6") as url:
-                red_settings = settings.model_copy(update={"redis_url": url})
-                doc["redis"] = red = run_redis(red_settings, wk.texts, first.dtype_name, first_runs)
-        except RedisRefused as e:  # the other modes' figures stand; this one is not measured against another Redis
-            print(f"triage-bench: mode 6 not run: {e}", file=sys.stderr, flush=True)
-            doc["redis"] = red = {"error": str(e)}
-        m5 = next(
-            (m for r in doc["runs"] if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"),
-            None,
-        )
-        if m5 and red.get("items_per_s"):
-            red["vs_mode5"] = red["items_per_s"] / m5["items_per_s"]
-            if red.get("items_per_s_without_captures"):
-                red["vs_mode5_without_captures"] = red["items_per_s_without_captures"] / m5["items_per_s"]
-        print(report.redis_line(red), flush=True)
+        doc["redis"] = mode6(settings, wk.texts, first.dtype_name, first_runs, doc["runs"])
+        print(report.redis_line(doc["redis"]), flush=True)
     doc["total_s"] = time.perf_counter() - t_start
     doc["complete"] = True
     if args.json:

@@ -11,6 +11,28 @@ from collections.abc import Sequence
 from worker.keyspace import delete_under
 
 
+def mode6(settings, texts: Sequence[str], dtype_name: str, first_runs, runs: list[dict]) -> dict:
+    """Mode 6 as the bench reports it: ``run_redis`` on the settings' Redis (a private server where none answers:
+    a GPU box has none), compared with the few-shot mode 5 of ``runs``; ``{"error": ...}`` where the Redis there
+    refuses the URL's credentials (not measured against another Redis)."""
+    import sys
+
+    from worker.redis_server import RedisRefused, redis_or_private
+
+    try:
+        with redis_or_private(settings.redis_url, log=lambda m: print(m, flush=True), purpose="mode 6") as url:
+            red = run_redis(settings.model_copy(update={"redis_url": url}), texts, dtype_name, first_runs)
+    except RedisRefused as e:  # the other modes' figures stand
+        print(f"triage-bench: mode 6 not run: {e}", file=sys.stderr, flush=True)
+        return {"error": str(e)}
+    m5 = next((m for r in runs if r["prompt"] == "few-shot" for m in r["modes"] if m["key"] == "bucketed_cached"), None)
+    if m5 and red.get("items_per_s"):
+        red["vs_mode5"] = red["items_per_s"] / m5["items_per_s"]
+        if red.get("items_per_s_without_captures"):
+            red["vs_mode5_without_captures"] = red["items_per_s_without_captures"] / m5["items_per_s"]
+    return red
+
+
 def run_redis(
     settings, texts: Sequence[str], dtype_name: str, refs: dict, timeout_s: float = 900.0, namespace: str | None = None
 ) -> dict:

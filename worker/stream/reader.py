@@ -241,8 +241,11 @@ class Reader(threading.Thread):
             )
             for i in ids
         ]
+        if self.orphans is None:
+            self.log.warning("claimed_entries_deleted", count=len(ids), dead_lettered=False)
+            return
         backoff = Backoff(self.backoff.max_s)
-        while self.orphans is not None:  # Redis dropped them already: these ids in memory are all that is left
+        while True:  # Redis dropped them already: these ids in memory are all that is left
             try:
                 self.orphans.write(Outcome(dead_letters=letters, ack_ids=list(ids)))
                 break
@@ -252,14 +255,13 @@ class Reader(threading.Thread):
                     self.log.error("claimed_entries_deleted", count=len(ids), ids=ids[:20], error=error)
                     return
                 backoff.failed(self.stop)
-        if self.orphans is not None:  # as the writer tells its own dead letters (not in the window counts)
-            for d in letters:
-                self.log.warning("dead_lettered", stream_id=d["stream_id"], id=None, reason=d["reason"], deliveries=0)
-            prometheus.current().on_written(Outcome(dead_letters=letters))
+        for d in letters:  # as the writer tells its own dead letters (not in the window counts)
+            self.log.warning("dead_lettered", stream_id=d["stream_id"], id=None, reason=d["reason"], deliveries=0)
+        prometheus.current().on_written(Outcome(dead_letters=letters))
         self.log.warning(
             "claimed_entries_deleted",
             count=len(ids),
-            dead_lettered=self.orphans is not None,
+            dead_lettered=True,
             note="pending entries gone from the stream (XDEL/XTRIM); Redis dropped them from the pending list",
         )
 
