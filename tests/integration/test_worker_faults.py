@@ -300,3 +300,25 @@ def test_a_tight_token_limit_with_truncation_off_starts_and_refuses_only_the_lon
     dead = {f["stream_id"]: f["reason"] for _, f in r.xrange(triage_env["TRIAGE_DEAD_LETTER_STREAM"])}
     assert results == set(short) and set(dead) == set(long), (results, dead)
     assert "-token limit (truncation is off)" in dead[long[0]]
+
+
+def test_claimed_entries_deleted_from_the_stream_count_in_the_workers_totals(triage_env, redis_url):
+    """A dead consumer's pending entry deleted from the stream (XDEL) gets its dead letter from whoever claims it.
+    That letter belongs to no window; the summary and ``worker_stopped`` counted only windows' letters, so ops read
+    fewer dead letters there than the dead-letter stream held."""
+    from worker.stream.messages import DELETED_REASON
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    stream = triage_env["TRIAGE_INPUT_STREAM"]
+    ids = push(r, triage_env, 4, "orphan")
+    r.xgroup_create(stream, GROUP, id="0")
+    r.xreadgroup(GROUP, "ghost", {stream: ">"}, count=4)  # a consumer that died holding them
+    r.xdel(stream, ids[1])
+    with start_worker(env_with(triage_env, TRIAGE_CLAIM_IDLE_MS=100), "run", "--drain", ready=False) as w:
+        assert w.wait(120) == 0, w.stderr_tail()
+    settled = wait_settled(r, triage_env, ids, timeout_s=5)
+    assert settled[ids[1]][0] == "dead" and settled[ids[1]][1]["reason"] == DELETED_REASON
+    assert [kind for i, (kind, _) in settled.items() if i != ids[1]] == ["result"] * 3
+    stopped = w.events("worker_stopped")[-1]
+    assert (stopped["items"], stopped["dead_lettered"]) == (3, 1), stopped
+    assert sum(s["dead_lettered"] for s in w.events("summary")) == 1

@@ -100,6 +100,7 @@ class _Loop:
             prefetch=settings.prefetch,
             on_reconnect=self._count_reconnect,
             orphans=ResultSink.for_worker(self.source.client, settings, owned=False),
+            on_orphans_dead_lettered=self._count_orphans,
         )
         self.writer = Writer(
             self._commit, on_written=self._on_written, on_window_done=self._on_window_done, max_queued=2
@@ -112,6 +113,13 @@ class _Loop:
         with self._summary_lock:
             self.summary.reconnects += 1
         prometheus.current().reconnected()
+
+    def _count_orphans(self, n: int) -> None:
+        """Reader thread: dead letters of claimed entries Redis found deleted. They belong to no window, but the
+        summary, the heartbeat's totals and ``worker_stopped`` count every dead letter this worker wrote."""
+        self.status.add(dead_lettered=n)
+        with self._summary_lock:
+            self.summary.dead_lettered += n
 
     def _refresh(self) -> None:
         """Keeper thread: reset the idle time of every entry this process holds (still pending on it)."""

@@ -88,6 +88,7 @@ class Reader(threading.Thread):
         prefetch: bool = True,
         on_reconnect: Callable[[], None] | None = None,
         orphans: ResultSink | None = None,
+        on_orphans_dead_lettered: Callable[[int], None] | None = None,
     ):
         super().__init__(name="triage-reader", daemon=True)
         self.source = source
@@ -106,6 +107,7 @@ class Reader(threading.Thread):
         self.drain = drain
         self.on_reconnect = on_reconnect
         self.orphans = orphans  # writes dead letters for claimed entries Redis found deleted (no ownership check)
+        self.on_orphans_dead_lettered = on_orphans_dead_lettered  # they belong to no window: the loop's totals
         self._ready: queue.Queue = queue.Queue()  # windows read and tokenized, then END / DRAINED / a crash
         self._slots = threading.Semaphore(2 if prefetch else 1)  # windows held (ready or in the loop), not settled
         self.in_flight = InFlight()
@@ -258,6 +260,8 @@ class Reader(threading.Thread):
         for d in letters:  # as the writer tells its own dead letters (not in the window counts)
             self.log.warning("dead_lettered", stream_id=d["stream_id"], id=None, reason=d["reason"], deliveries=0)
         prometheus.current().on_written(Outcome(dead_letters=letters))
+        if self.on_orphans_dead_lettered is not None:
+            self.on_orphans_dead_lettered(len(letters))
         self.log.warning(
             "claimed_entries_deleted",
             count=len(ids),
