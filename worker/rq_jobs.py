@@ -6,7 +6,6 @@ still records this path. Heavy imports (torch, the engine) wait for the first jo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, job_result, latency_ms, rq_stream_id, ticket_text
@@ -14,8 +13,12 @@ from worker.rqbatch.payload import CLASSIFY_PATH, InvalidJob, job_result, latenc
 __all__ = ["CLASSIFY_PATH", "InvalidJob", "classify", "job_result", "latency_ms", "rq_stream_id", "ticket_text"]
 
 
-def classify(ticket: Mapping[str, Any] | str) -> dict[str, Any]:
-    """Classify one ticket (the plain-RQ path); mirrors the result to the results stream when run by RQ."""
+def classify(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``classify(ticket)``: classify one ticket (``{"text": ...}`` or a str, positional or ``ticket=``) on the
+    plain-RQ path; mirrors the result to the results stream when run by RQ.
+
+    The arguments are read by ``payload.ticket_arg``, the batch worker's own rule, not by Python's binding: a job
+    with another keyword fails with the same reason on either worker."""
     from worker.rqbatch.plain import classify_one
 
-    return classify_one(ticket)
+    return classify_one(args, kwargs)

@@ -441,7 +441,8 @@ def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
     h, q = rq_setup, rq_setup.queue
     in_hand = enqueue_tickets(q, TICKETS[:3])
     h.jobs += in_hand
-    # A long fill wait: the worker holds these 3 jobs, waiting for more, when SIGTERM arrives.
+    # A long fill wait (capped at 30 s, and said so): the worker holds these 3 jobs, waiting for more, when SIGTERM
+    # arrives.
     worker_key = f"rq:worker:{h.worker_name}"
     with _running(h, TRIAGE_WINDOW_MAX_ITEMS="8", TRIAGE_MAX_WAIT_MS="60000") as proc:
         _wait_for(
@@ -460,6 +461,9 @@ def test_sigterm_finishes_the_batch_in_hand_and_leaves_queued_jobs(rq_setup):
         assert Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer).get_status() == JobStatus.QUEUED
     assert q.get_job_ids() == [j.id for j in late]
     assert [b["jobs"] for b in _log_events(h, "rq_batch")] == [3]
+    (capped,) = _log_events(h, "rq_max_wait_capped")
+    assert (capped["requested_ms"], capped["used_ms"], capped["setting"]) == (60000, 30000, "TRIAGE_MAX_WAIT_MS")
+    assert _log_events(h, "rq_worker_ready")[0]["max_wait_ms"] == 30000
 
 
 def test_batch_cap_is_the_stream_workers_window_cap_on_every_device():
@@ -546,7 +550,7 @@ def test_with_several_queues_every_job_taken_waits_in_its_queues_intermediate_li
     q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)
     h.jobs += enqueue_tickets(q2, TICKETS[:4])
     unreadable = h.jobs[2]
-    h.conn.hset(unreadable.key, "created_at", "not a date")  # RQ cannot restore it: skipped, as RQ skips it
+    h.conn.hset(unreadable.key, "created_at", "not a date")  # RQ cannot restore it: failed, never held
     w = BatchWorker([q.name, q2.name], connection=h.conn, name=h.worker_name, job_monitoring_interval=1)
     w.register_birth()
     try:
@@ -555,6 +559,7 @@ def test_with_several_queues_every_job_taken_waits_in_its_queues_intermediate_li
         batch = [(first, q2), *intake.drain(w, limit=3)]  # takes 3 more, one unreadable; leaves none queued
         held = {j.id for j, _ in batch}
         assert len(held) == 3 and unreadable.id not in held and q2.count == 0
+        assert unreadable.id in q2.failed_job_registry.get_job_ids()  # test_rq_faults.py: its reason
         # and not the unreadable one: RQ's intermediate-queue cleanup would raise on it, every maintenance run
         assert set(x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)) == held
         outcome.start(w, [Entry(job=j, queue=jq) for j, jq in batch], ttl=5)
@@ -575,7 +580,7 @@ def test_a_batch_worker_killed_while_filling_from_several_queues_leaves_its_jobs
     want = {j.id for j in h.jobs}
     listed = lambda: {x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)}  # noqa: E731
     try:
-        with _running(h, q2.name, TRIAGE_MAX_WAIT_MS="120000") as proc:  # fills for up to two minutes
+        with _running(h, q2.name, TRIAGE_MAX_WAIT_MS="30000") as proc:  # fills for up to 30 s
             _wait_for(lambda: listed() == want, "the three jobs in the intermediate list", proc, h)
             proc.kill()
             proc.wait(timeout=30)

@@ -7,7 +7,8 @@ intermediate list RQ itself uses) and one more fetches all their hashes.
 Every job the worker holds before it is STARTED sits in its queue's intermediate list, with one queue or several
 (RQ itself pops without one when it serves several queues, and marks the job started at once; a batch holds
 its jobs for the fill wait first): a worker killed meanwhile leaves them where RQ's maintenance finds them and
-fails them (or re-queues them, with retries) instead of losing them.
+fails them (or re-queues them, with retries) instead of losing them. RQ fails one it sees there over a minute, so a
+batch waits at most FILL_WAIT_MAX_S to fill, whatever TRIAGE_MAX_WAIT_MS says.
 
 Waiting for a batch to fill polls briefly instead of blocking in Redis, so a warm-shutdown request stops the intake
 at once and no blocked pop can take a job after it.
@@ -15,18 +16,22 @@ at once and no blocked pop can take a job after it.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING
 
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue
+
+from worker.rqbatch import unreadable
 
 if TYPE_CHECKING:
     from rq.worker import BaseWorker
 
 POLL_S = 0.005
-log = logging.getLogger("triage.rq")
+# RQ's intermediate-queue cleanup (any worker's maintenance) fails a job it sees listed on two runs over a minute
+# apart (IntermediateQueue.should_be_cleaned_up): the jobs a batch holds there must be started well within that.
+FILL_WAIT_MAX_S = 30.0
 
 
 def uses_intermediate_queue(worker: BaseWorker) -> bool:
@@ -57,19 +62,14 @@ def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:
         else:
             ids = conn.lpop(queue.key, need) or []
         ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
-        jobs = fetch_jobs(worker, ids)
-        skipped = set(ids) - {j.id for j in jobs}
-        if via_intermediate and skipped:  # RQ's intermediate-queue cleanup would raise on an unreadable one
-            with conn.pipeline(transaction=False) as pipe:
-                for job_id in skipped:
-                    pipe.lrem(queue.intermediate_queue_key, 0, job_id)
-                pipe.execute()
-        out.extend((job, queue) for job in jobs)
+        out.extend((job, queue) for job in fetch_jobs(worker, ids, queue))
     return out
 
 
-def fetch_jobs(worker: BaseWorker, job_ids: list[str]) -> list[Job]:
-    """The jobs behind ``job_ids`` in one round trip; gone or unreadable ones are skipped (as RQ does)."""
+def fetch_jobs(worker: BaseWorker, job_ids: list[str], queue: Queue) -> list[Job]:
+    """The jobs behind ``job_ids`` (taken from ``queue``) in one round trip. Gone ones are skipped (as RQ does);
+    unreadable ones are failed (``unreadable``): skipped, one would be in no registry. Either leaves the
+    intermediate list: RQ's cleanup of it raises on an unreadable job."""
     if not job_ids:
         return []
     with worker.connection.pipeline(transaction=False) as pipe:
@@ -78,16 +78,21 @@ def fetch_jobs(worker: BaseWorker, job_ids: list[str]) -> list[Job]:
         raws = pipe.execute()
     jobs = []
     for job_id, raw in zip(job_ids, raws):
-        if not raw:
-            continue  # deleted after it was queued
         job = worker.job_class(job_id, connection=worker.connection, serializer=worker.serializer)
         try:
+            if not raw:
+                raise NoSuchJobError(job_id)
             job.restore(raw)
-        except Exception as e:  # a corrupt hash must not take the batch down
-            log.error("rq job %s is unreadable and was skipped: %s", job_id, e)
+        except Exception:  # deleted after it was queued, or a hash RQ cannot read: not a job of the batch
+            unreadable.fail_if_unreadable(worker, job_id, queue, raw)
             continue
         jobs.append(job)
     return jobs
+
+
+def fill_wait_s(max_wait_ms: float) -> float:
+    """How long a batch waits to fill: TRIAGE_MAX_WAIT_MS, at most FILL_WAIT_MAX_S."""
+    return min(max_wait_ms / 1000, FILL_WAIT_MAX_S)
 
 
 def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wait_s: float) -> None:

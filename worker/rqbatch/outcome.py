@@ -13,8 +13,10 @@ building blocks (Execution, Job, Result, the worker's handle_* methods):
   MULTI/EXEC that also mirrors each label to the triage results stream. Jobs with
   dependents (WATCHed, so one added meanwhile is seen), repeats or rate limits go
   through RQ's own ``handle_job_success`` one by one;
-* failure: exception handlers, then ``handle_job_failure`` (Retry honoured,
-  FailedJobRegistry, failed Result).
+* failure: exception handlers, then what ``handle_job_failure`` writes (Retry honoured,
+  FailedJobRegistry, failed Result), raising where RQ's logs a refused write (``failure``).
+
+Every write here is waited out while Redis refuses it (``BatchWorker.until_written``).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import redis
 from rq.callbacks import execute_failure_callback, execute_success_callback
 from rq.executions import Execution
 from rq.job import JobStatus
-from rq.job_lifecycle import format_exc_info
 from rq.utils import now
 from rq.worker import WorkerStatus
 
+from worker.rqbatch.failure import record_failure
 from worker.rqbatch.intake import uses_intermediate_queue
 from worker.rqbatch.jobs import Entry
 from worker.rqbatch.payload import latency_ms, rq_stream_id
@@ -40,13 +42,18 @@ if TYPE_CHECKING:
 
 
 def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
-    """Mark every job STARTED with its own Execution, as RQ does right before running a job."""
+    """Mark every job STARTED with its own Execution, as RQ does right before running a job.
+
+    Safe to call again after Redis refused it (``BatchWorker.until_written``): a refused MULTI/EXEC applies nothing,
+    a try whose reply was lost may have; each try first removes the Executions of the one before, and a job's
+    Execution joins ``worker.executions`` only once its start is written."""
     drop_intermediate = uses_intermediate_queue(worker)
     with worker.connection.pipeline() as pipe:
         worker.heartbeat(max(ttl, worker.worker_ttl + 60), pipeline=pipe)
         for e in entries:
+            if e.execution is not None:  # an earlier try's
+                e.execution.delete(job=e.job, pipeline=pipe)
             e.execution = Execution.create(e.job, ttl, pipeline=pipe, worker_name=worker.name)
-            worker.executions[e.execution.id] = e.execution
             e.job.heartbeat(now(), ttl, pipeline=pipe)
             e.job.prepare_for_execution(worker.name, pipeline=pipe)
             pipe.persist(e.job.key)
@@ -54,6 +61,8 @@ def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
                 pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
         worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
         pipe.execute()
+    for e in entries:
+        worker.executions[e.execution.id] = e.execution
 
 
 def run_callbacks(worker: BaseWorker, entries: list[Entry]) -> None:
@@ -153,28 +162,19 @@ def fail_unstarted(worker: BaseWorker, entries: list[Entry]) -> None:
     They never get an Execution, a StartedJobRegistry entry or the STARTED status, so no
     registry cleanup (here or in another worker, after a crash) can find one "abandoned" and
     run its failure callback. Only allowed failure callbacks run, here (``run_callbacks``).
+    Each leaves the intermediate list with its failure (else RQ's cleanup of it would fail it again).
     """
     run_callbacks(worker, entries)  # every entry has an error: failure callbacks only
     for e in entries:
         fail(worker, e)
-    if entries and uses_intermediate_queue(worker):  # else RQ's intermediate-queue cleanup would fail them again
-        with worker.connection.pipeline() as pipe:
-            for e in entries:
-                pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
-            pipe.execute()
 
 
 def fail(worker: BaseWorker, e: Entry) -> None:
-    """RQ's failure path for one job (its failure callback already ran): exception handlers, handle_job_failure."""
+    """RQ's failure path for one job (its failure callback already ran): exception handlers, then the failure
+    saved (``failure.record_failure``), waiting out a Redis that refuses it: nothing of it runs twice."""
     job, exc_info = e.job, e.error
     assert exc_info is not None
     job._status = JobStatus.FAILED
     worker.handle_exception(job, *exc_info)
-    e.recorded = True  # from here RQ's own failure path records it (then sends its webhook, which may be slow)
-    worker.handle_job_failure(
-        job=job,
-        queue=e.queue,
-        started_job_registry=e.queue.started_job_registry,
-        exc_string=format_exc_info(exc_info),
-        execution=e.execution,
-    )
+    retries_left = job.retries_left
+    worker.until_written(lambda: record_failure(worker, e, retries_left), op="rq_fail")

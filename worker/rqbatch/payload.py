@@ -1,6 +1,6 @@
 """The payload rules every RQ path shares: what a classify job may carry, and what it returns.
 
-RQ users enqueue ``CLASSIFY_PATH`` (``q.enqueue("worker.rq_jobs.classify", {"text": ...})``)
+RQ users enqueue ``CLASSIFY_PATH`` (``q.enqueue("worker.rq_jobs.classify", {"text": ...})``, or ``ticket=...``)
 and read the label from ``job.return_value()``. The batch worker (``BatchWorker``)
 recognises the path and runs these checks and the engine on many jobs at once; a plain
 ``rq worker`` runs the function itself (``worker.rqbatch.plain``). Pure: no torch, no Redis.
@@ -21,18 +21,28 @@ class InvalidJob(ValueError):
     """A job triage refuses or cannot read; the message is a sentence for a person (it lands in exc_info)."""
 
 
+def ticket_arg(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The one ticket of ``classify(ticket)``, passed as Python would bind it: positional, or the keyword ``ticket``.
+
+    Both RQ paths use this rule (a plain ``rq worker`` too, through ``rq_jobs.classify``), so a job runs, or fails
+    for the same reason, whichever worker takes it. Raises ``InvalidJob`` for any other keyword or count."""
+    extra = sorted(str(k) for k in kwargs if k != "ticket")
+    if extra:
+        raise InvalidJob(
+            f"classify takes one ticket (positional, or ticket=...); unexpected keyword argument(s): {', '.join(extra)}"
+        )
+    given = [*args, kwargs["ticket"]] if "ticket" in kwargs else list(args)
+    if len(given) != 1:
+        raise InvalidJob(f"classify takes exactly one ticket argument, got {len(given)}")
+    return given[0]
+
+
 def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: int) -> str:
     """The ticket text of a classify call ``classify(ticket)``; ``ticket`` is ``{"text": str}`` or a str.
 
     Extra keys in the dict are ignored. Raises ``InvalidJob`` with a clear reason otherwise.
     """
-    if kwargs:
-        raise InvalidJob(
-            f"classify takes one positional ticket, not keyword arguments ({', '.join(sorted(map(str, kwargs)))})"
-        )
-    if len(args) != 1:
-        raise InvalidJob(f"classify takes exactly one ticket argument, got {len(args)}")
-    ticket = args[0]
+    ticket = ticket_arg(args, kwargs)
     if isinstance(ticket, Mapping):
         if "text" not in ticket:
             raise InvalidJob('ticket has no \'text\' field (expected {"text": "..."})')

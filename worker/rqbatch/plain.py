@@ -7,7 +7,7 @@ engine on many jobs at once.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from worker.rqbatch.payload import job_result, latency_ms, rq_stream_id, ticket_text
@@ -23,15 +23,16 @@ def engine():
     return settings, build_classifier(settings)
 
 
-def classify_one(ticket: Mapping[str, Any] | str) -> dict[str, Any]:
-    """Classify one ticket; mirrors the result to the results stream when run by RQ."""
+def classify_one(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Classify the one ticket of ``classify(*args, **kwargs)``; mirrors the result to the results stream when run
+    by RQ."""
     from rq import get_current_job
 
     from worker.engine.types import InvalidTicket
     from worker.stream.records import result_fields
 
     settings, clf = engine()
-    text = ticket_text((ticket,), {}, settings.max_text_bytes)
+    text = ticket_text(args, kwargs, settings.max_text_bytes)
     item = clf.prepare([text])[0]
     if isinstance(item, InvalidTicket):
         raise item

@@ -15,6 +15,9 @@ Warm shutdown (SIGTERM/SIGINT): RQ's own handler sees the worker BUSY while a ba
 is in hand, so it only sets the stop flag: intake stops, the batch finishes, the
 process exits 0 and queued jobs stay queued. A second signal (after 1 s) is RQ's
 cold shutdown: the batch is dropped and RQ's registry cleanup deals with it later.
+
+Every write of a batch is waited out while Redis refuses it (``until_written``); a job whose hash RQ cannot read
+is failed where the worker meets it (``unreadable``), not left to crash RQ's dequeue or its cleanup.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from rq.worker import BaseWorker, WorkerStatus
 
 from worker.engine.types import RunStats
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
-from worker.rqbatch import intake, outcome
+from worker.rqbatch import intake, outcome, unreadable
 from worker.rqbatch.heartbeat import BatchHeartbeat
 from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
 from worker.rqbatch.payload import latency_ms
@@ -102,9 +105,17 @@ class BatchWorker(BaseWorker):
             dtype=self.clf.dtype_name,
             queues=self.queue_names(),
             window_max_items=self.batch_max_items(),
-            max_wait_ms=self.settings.max_wait_ms,
+            max_wait_ms=round(intake.fill_wait_s(self.settings.max_wait_ms) * 1000),
             **facts,
         )
+        if self.settings.max_wait_ms > intake.FILL_WAIT_MAX_S * 1000:
+            self.tlog.warning(
+                "rq_max_wait_capped",
+                setting="TRIAGE_MAX_WAIT_MS",
+                requested_ms=self.settings.max_wait_ms,
+                used_ms=round(intake.FILL_WAIT_MAX_S * 1000),
+                why="RQ's intermediate-queue cleanup fails a job held there over a minute",
+            )
         kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
         super().bootstrap(logging_level, **kwargs)
 
@@ -113,6 +124,27 @@ class BatchWorker(BaseWorker):
         from worker.assemble import window_max_items
 
         return window_max_items(self.settings, self.clf.device)
+
+    # ---------------------------------------------------------- RQ's intake
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """RQ's, failing each job whose hash RQ cannot read (``unreadable``) and dequeuing again: RQ's dequeue raises
+        on one (it attaches the job id and queue), and its work loop then quits."""
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except Exception as e:
+                job_id, queue = getattr(e, "job_id", None), getattr(e, "queue", None)
+                if job_id is None or not isinstance(queue, Queue):
+                    raise
+                if not unreadable.fail_if_unreadable(self, job_id, queue):
+                    raise
+
+    def clean_registries(self) -> None:
+        """RQ's, once the unreadable jobs of the intermediate lists are failed: its cleanup of them raises on one,
+        at every maintenance run (every worker start would quit)."""
+        for queue in self.queues:
+            unreadable.fail_listed(self, queue)
+        super().clean_registries()
 
     # -------------------------------------------------------------- a batch
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -125,7 +157,7 @@ class BatchWorker(BaseWorker):
         batch = [(job, queue)]
         intake.hold(self, job, queue)
         self._set_phase("reading")
-        intake.fill(self, batch, limit, self.settings.max_wait_ms / 1000)
+        intake.fill(self, batch, limit, intake.fill_wait_s(self.settings.max_wait_ms))
         fill_ms = (time.perf_counter() - t0) * 1000
         self.run_batch([Entry(job=j, queue=q) for j, q in batch], fill_ms=fill_ms)
         self._stopped_job_id = None  # a stop-job command cannot cut one job out of a forward pass; it is void now
@@ -148,7 +180,8 @@ class BatchWorker(BaseWorker):
         stats, split_retries = RunStats(), 0
         ok: list[Entry] = []
         if accepted:
-            outcome.start(self, accepted, self.get_heartbeat_ttl(accepted[0].job))
+            ttl = self.get_heartbeat_ttl(accepted[0].job)
+            self.until_written(lambda: outcome.start(self, accepted, ttl), op="rq_start")
             # until every job is recorded: finished jobs' webhooks (up to 10 s each to an endpoint that does not
             # answer) must not let the failed ones' executions expire, or any worker's registry cleanup would fail
             # them a second time; its beats show a stop requested mid-pass
@@ -161,7 +194,7 @@ class BatchWorker(BaseWorker):
                     e.job.ended_at = ended
                 outcome.run_callbacks(self, accepted)
                 ok = [e for e in accepted if e.error is None]
-                self._until_written(
+                self.until_written(
                     lambda: outcome.succeed(
                         self,
                         [e for e in ok if not e.recorded],
@@ -191,27 +224,30 @@ class BatchWorker(BaseWorker):
             queues=sorted({e.queue.name for e in entries}),
         )
 
-    def _until_written(self, record) -> None:
+    def until_written(self, record, op: str = "rq_record") -> None:
         """``record()`` again while Redis refuses writes it will take later (out of memory, a restart, a replica
-        not promoted yet), the batch heartbeat beating: the labels are in hand. Raised, RQ's worker quit and its
-        registry cleanup later failed the labelled jobs as abandoned. Each try writes jobs not recorded yet; a
-        refused MULTI/EXEC applies nothing. A second signal (cold stop) still ends the worker."""
+        not promoted yet). Raised, RQ's worker quit: jobs taken but not started stayed in the intermediate list until
+        RQ's cleanup failed them as stuck; started ones until its registry cleanup failed them as abandoned (a
+        failure callback then ran twice). ``record`` must be safe to call again: a refused MULTI/EXEC applies
+        nothing. The batch heartbeat beats meanwhile, once the batch is started. A second signal (cold stop) still
+        ends the worker."""
         from worker.stream.connection import Backoff, is_passing
 
-        backoff = Backoff(self.settings.reconnect_max_s)
+        backoff = None
         while True:
             try:
                 record()
-                if backoff.attempt:
-                    self.tlog.info("redis_reconnected", op="rq_record", attempts=backoff.attempt)
+                if backoff is not None:
+                    self.tlog.info("redis_reconnected", op=op, attempts=backoff.attempt)
                 return
             except Exception as e:  # noqa: BLE001 - only what passes by itself is retried
                 if not is_passing(e):
                     raise
+                backoff = backoff or Backoff(self.settings.reconnect_max_s)
                 delay = backoff.failed(None)
                 self.tlog.warning(
                     "redis_unavailable",
-                    op="rq_record",
+                    op=op,
                     error=f"{type(e).__name__}: {e}",
                     attempt=backoff.attempt,
                     retried_after_s=round(delay, 2),
