@@ -7,6 +7,7 @@ Configured by the same TRIAGE_* environment as the worker (``ProducerSettings``)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -16,10 +17,15 @@ from pathlib import Path
 import redis
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
 
 class ConfigError(Exception):
     """Settings the producer cannot work with; each line names the env var (or flag) to fix."""
+
+
+class BadInput(Exception):
+    """An input file (or output path) a command cannot use, found before anything is sent: exit 2."""
 
 
 def _settings(args):
@@ -62,36 +68,58 @@ def _print_json(obj) -> None:
 
 # ----------------------------------------------------------------- commands
 def cmd_send(args) -> int:
-    from worker.ticket_files import TicketFileError, read_tickets
-
-    try:
-        rows = read_tickets(args.file, limit=args.limit)
-    except (OSError, TicketFileError) as e:
-        print(f"triage-producer send: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    rows = _read_rows(args.file, args.limit)
     from producer.client import BacklogFull, InvalidTicket
 
     client = _client(args)
-    try:
-        sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
-    except InvalidTicket as e:  # the rows are checked before the first chunk goes: nothing was sent
-        print(f"triage-producer send: {args.file}: row {e.index + 1}: {e.reason}; nothing was sent", file=sys.stderr)
-        return EXIT_USAGE
-    except (BacklogFull, redis.RedisError) as e:  # what did go, to wait on or to resume after (reported by main)
-        _write_ids(args.ids_out, getattr(e, "submitted", []))
-        raise
-    _write_ids(args.ids_out, sent)
+    with _open_ids_out(args.ids_out) as ids_out:
+        try:
+            sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
+        except InvalidTicket as e:  # the rows are checked before the first chunk goes: nothing was sent
+            raise BadInput(f"{args.file}: row {e.index + 1}: {e.reason}; nothing was sent") from None
+        except (BacklogFull, redis.RedisError, KeyboardInterrupt) as e:  # what did go, to resume after (main reports)
+            _write_ids(ids_out, getattr(e, "submitted", []))
+            raise
+        _write_ids(ids_out, sent)
     print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
     if args.wait_s:
         return _report_wait(client, sent, args.wait_s, quiet=True)
     return EXIT_OK
 
 
-def _write_ids(path: str | None, sent: list) -> None:
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            for s in sent:
-                f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
+def _read_rows(path: str, limit: int | None) -> list[dict]:
+    """The file's tickets, or ``BadInput`` (exit 2) for what ended in a traceback: a file that is not UTF-8 (a
+    Latin-1 export), a CSV field over the csv module's size limit."""
+    import csv
+
+    from worker.ticket_files import TicketFileError, read_tickets
+
+    try:
+        return read_tickets(path, limit=limit)
+    except (OSError, TicketFileError) as e:
+        raise BadInput(str(e)) from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not UTF-8 text (save it as UTF-8): {e}") from None
+    except csv.Error as e:
+        raise BadInput(f"{path}: unreadable CSV: {e}") from None
+
+
+def _open_ids_out(path: str | None):
+    """The ``--ids-out`` file, opened before anything is sent: a path that cannot be written failed only after
+    the send, losing the ids of what went. Opened to append, so a send refused before anything went leaves an
+    earlier file as it was; ``_write_ids`` replaces its content."""
+    try:
+        return open(path, "a", encoding="utf-8") if path else contextlib.nullcontext()
+    except OSError as e:
+        raise BadInput(f"--ids-out: {e}; nothing was sent") from None
+
+
+def _write_ids(f, sent: list) -> None:
+    if f is not None:
+        f.seek(0)
+        f.truncate()
+        for s in sent:
+            f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
 
 
 def cmd_synth(args) -> int:
@@ -170,7 +198,7 @@ def cmd_wait(args) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    if not tickets:
+    if not tickets and not args.from_file:  # an empty --ids-out file (nothing was sent) is nothing to wait for
         print("triage-producer wait: give ticket ids or --from-file", file=sys.stderr)
         return EXIT_USAGE
     return _report_wait(_client(args), tickets, args.timeout_s)
@@ -201,6 +229,19 @@ def cmd_demo(args) -> int:
 
 
 # ------------------------------------------------------------------- parser
+def _at_least(floor: int):
+    """An argparse type: a whole number >= ``floor`` (``--limit 0`` sent one ticket, ``synth --n -1`` raised)."""
+
+    def parse(text: str) -> int:
+        n = int(text)
+        if n < floor:
+            raise argparse.ArgumentTypeError(f"must be at least {floor}, got {n}")
+        return n
+
+    parse.__name__ = "number"  # argparse names the type in its message for a non-number: "invalid number value"
+    return parse
+
+
 def _version_line() -> str:
     from worker.cli import version_line
 
@@ -219,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)"
     )
     p.add_argument("file")
-    p.add_argument("--limit", type=int, help="send at most this many")
+    p.add_argument("--limit", type=_at_least(1), help="send at most this many")
     p.add_argument("--ids-out", help="write {id, stream_id} JSON lines of what was sent here")
     p.add_argument("--wait-s", type=float, default=0, help="then wait this long for the results and print label counts")
     p.set_defaults(_run=cmd_send)
@@ -227,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "synth", help="generate realistic synthetic tickets (long-tailed lengths); print, save or send them"
     )
-    p.add_argument("--n", type=int, default=100)
+    p.add_argument("--n", type=_at_least(0), default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write JSON Lines (id, text, label) to this file")
     p.add_argument(
@@ -236,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(_run=cmd_synth)
 
     p = sub.add_parser("results", help="print results from the results stream, one JSON object per line")
-    p.add_argument("--count", type=int, help="how many (default: the last 20; with --follow: until interrupted)")
+    p.add_argument(
+        "--count", type=_at_least(1), help="how many (default: the last 20; with --follow: until interrupted)"
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new results as they arrive")
     p.add_argument(
         "--since",
@@ -259,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(_run=cmd_backlog)
 
     p = sub.add_parser("demo", help="end to end: (temp) Redis, synthetic tickets, a worker run --drain, a summary")
-    p.add_argument("--n", type=int, default=300, help="synthetic tickets to classify (plus 3 deliberately bad ones)")
+    p.add_argument(
+        "--n", type=_at_least(0), default=300, help="synthetic tickets to classify (plus 3 deliberately bad ones)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the demo's streams and keys afterwards")
     p.add_argument("--namespace", help="key prefix for the demo's streams (default: triage-demo:<random>:)")
@@ -283,13 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `triage-producer synth | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except ConfigError as e:
+    except (ConfigError, BadInput) as e:
         for line in str(e).splitlines():
             print(f"triage-producer {args.command}: {line}", file=sys.stderr)
         return EXIT_USAGE
     except BacklogFull as e:
         print(f"triage-producer {args.command}: {e} ({len(e.submitted)} sent before that)", file=sys.stderr)
         return EXIT_BACKLOG
+    except KeyboardInterrupt as e:  # Ctrl-C (`results --follow` handles its own): one line, what was sent
+        print(f"triage-producer {args.command}: interrupted{_partial(e)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except redis.ConnectionError as e:
         from worker.redact import mask_secrets
 
@@ -312,6 +360,8 @@ def _partial(e: BaseException) -> str:
     if refused:  # Redis answered every ticket of the chunk: those it refused were not added
         shown = ", ".join(refused[:5]) + (" ..." if len(refused) > 5 else "")
         return f" ({len(e.submitted)} tickets sent; {len(refused)} refused, not sent: {shown}; none after that chunk)"
+    if not unsure:
+        return f" ({len(e.submitted)} tickets sent before that)"
     return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
 
 

@@ -87,25 +87,31 @@ class TriageClient:
 
         A list or tuple is checked whole first: a bad ticket raises ``InvalidTicket`` with nothing sent. Any other
         iterable is checked as it is read. Whatever stops the call part-way (``InvalidTicket``, ``BacklogFull``, a
-        Redis error) carries ``submitted``, what was sent, so a caller can resume without duplicates; a Redis
-        error also carries ``unconfirmed``, the ticket ids of the chunk whose reply was lost (sent or not), and
+        Redis error, Ctrl-C) carries ``submitted``, what was sent, so a caller can resume without duplicates; a Redis
+        error or Ctrl-C also carries ``unconfirmed``, the ids of the chunk whose reply was lost (sent or not), and
         ``refused``, those Redis answered with an error (OOM under maxmemory): not added. When Redis refused some,
         every reply came back: ``submitted`` has each ticket it added, also after a refused one, and a resume
         re-sends the refused ones and everything after the first ``len(submitted) + len(refused)`` tickets.
         """
+        _many(tickets, "tickets", "submit(text, ...)", mapping_too=True)
         s = self.settings
         size = min(s.submit_chunk_size, s.input_max_backlog) if s.input_max_backlog else s.submit_chunk_size
         done: list[Submitted] = []
         checked = (normalize_at(k, t, done) for k, t in enumerate(tickets))
-        items = list(checked) if isinstance(tickets, (list, tuple)) else checked
         chunk: list[tuple[str, dict[str, str]]] = []
-        for item in items:
-            chunk.append(item)
-            if len(chunk) >= size:
+        try:
+            items = list(checked) if isinstance(tickets, (list, tuple)) else checked
+            for item in items:
+                chunk.append(item)
+                if len(chunk) >= size:
+                    self._send_chunk(chunk, done, on_progress)
+                    chunk = []
+            if chunk:
                 self._send_chunk(chunk, done, on_progress)
-                chunk = []
-        if chunk:
-            self._send_chunk(chunk, done, on_progress)
+        except KeyboardInterrupt as e:  # Ctrl-C in a long send: still say what went, to resume after it
+            if not hasattr(e, "submitted"):
+                e.submitted, e.unconfirmed = list(done), []  # type: ignore[attr-defined]
+            raise
         return done
 
     def _send_chunk(self, chunk, done: list[Submitted], on_progress) -> None:
@@ -119,7 +125,7 @@ class TriageClient:
             pipe.xadd(self.settings.input_stream, fields)  # no MAXLEN: trimming would lose tickets
         try:
             replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as e:  # the connection failed: which of the chunk went is not known
+        except (redis.RedisError, KeyboardInterrupt) as e:  # the reply is lost: which of the chunk went is not known
             e.submitted, e.unconfirmed = list(done), [tid for tid, _ in chunk]  # type: ignore[attr-defined]
             raise
         # every reply came back: an error reply (OOM, READONLY, NOPERM) means that ticket was not added; an id, it was
@@ -182,7 +188,7 @@ class TriageClient:
 
     def get_results(self, ticket_ids: Iterable[str]) -> dict[str, Result]:
         """Latest results of those tickets that have one (classified or dead-lettered), pipelined."""
-        ids = list(ticket_ids)
+        ids = list(_many(ticket_ids, "ticket_ids", "get_result(ticket_id)"))
         out: dict[str, Result] = {}
         for i in range(0, len(ids), GET_CHUNK):
             part = ids[i : i + GET_CHUNK]
@@ -210,7 +216,7 @@ class TriageClient:
         the worker writes, and re-reads only what is still missing.
         """
         want: dict[str, str | None] = {}  # ticket id -> the input entry its result must answer (None: any)
-        for t in tickets:
+        for t in _many(tickets, "tickets", "result(ticket)"):
             if isinstance(t, Submitted):
                 want[t.ticket_id] = t.stream_id
             else:
@@ -315,6 +321,15 @@ class TriageClient:
         entry's fields) as a dict, ``deliveries`` and ``dead_at_ms`` as ints, ``dead_letter_id``."""
         rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
         return [_decode_dead_letter(sid, fields) for sid, fields in reversed(rows)]
+
+
+def _many(arg: Any, name: str, one: str, *, mapping_too: bool = False) -> Any:
+    """``arg`` itself, unless it is one ticket where many are wanted: a str is an iterable of characters (and a
+    dict one of its keys), so ``wait("T-1")`` waited on "T", "-" and "1" and ``submit_many({"text": ...})`` sent the
+    field names as tickets."""
+    if isinstance(arg, (str, bytes)) or (mapping_too and isinstance(arg, Mapping)):
+        raise TypeError(f"{name}: expected a list or other iterable, got a single {type(arg).__name__}; for one: {one}")
+    return arg
 
 
 def _decode_dead_letter(sid: Any, fields: Mapping[Any, Any]) -> dict[str, Any]:

@@ -1,0 +1,171 @@
+"""The producer as an integrator drives it: files it cannot read, paths it cannot write, Ctrl-C part-way, and
+one ticket passed where the API wants many. Each test failed before its fix (a traceback, a ticket sent that
+should not have been, ids lost, a silent wait on the characters of an id). Real Redis under a unique prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from producer import ProducerSettings, TriageClient
+from producer.cli import main as cli_main
+from tests.worker_proc import REPO
+
+
+@pytest.fixture
+def settings(redis_url, key_prefix) -> ProducerSettings:
+    return ProducerSettings(
+        redis_url=redis_url,
+        input_stream=key_prefix + "tickets",
+        results_stream=key_prefix + "results",
+        dead_letter_stream=key_prefix + "dead",
+        result_key_prefix=key_prefix + "result:",
+    )
+
+
+@pytest.fixture
+def r(redis_url) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture
+def cli_env(monkeypatch, settings):
+    for name in ("redis_url", "input_stream", "results_stream", "dead_letter_stream", "result_key_prefix"):
+        monkeypatch.setenv(f"TRIAGE_{name.upper()}", str(getattr(settings, name)))
+    return settings
+
+
+def _tickets(path, n: int):
+    path.write_text("".join(json.dumps({"id": f"T-{i}", "text": f"ticket {i}"}) + "\n" for i in range(n)))
+    return path
+
+
+def test_cli_send_refuses_a_file_it_cannot_decode_with_exit_2(cli_env, r, tmp_path, capsys):
+    """A Latin-1 export and a CSV field over the csv module's limit (128 KiB) ended in a traceback and exit 1."""
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"text": "caf\xe9"}\n')
+    big = tmp_path / "big.csv"
+    big.write_text('text,id\n"' + "a" * 200_000 + '",B-1\n', encoding="utf-8")
+    assert cli_main(["send", str(latin1)]) == 2
+    assert "latin1.jsonl: not UTF-8 text" in capsys.readouterr().err
+    assert cli_main(["send", str(big)]) == 2
+    assert "big.csv: unreadable CSV: field larger than field limit" in capsys.readouterr().err
+    assert not r.exists(cli_env.input_stream)
+
+
+def test_cli_send_checks_the_ids_out_path_before_sending(cli_env, r, tmp_path, capsys):
+    """The ids file was opened after the send: a bad path sent the tickets, then raised, and lost their ids."""
+    tickets = _tickets(tmp_path / "t.jsonl", 2)
+    assert cli_main(["send", str(tickets), "--ids-out", str(tmp_path / "no" / "such" / "ids.jsonl")]) == 2
+    assert "--ids-out" in capsys.readouterr().err
+    assert not r.exists(cli_env.input_stream)
+
+
+def test_a_send_refused_before_anything_went_leaves_an_earlier_ids_file_as_it_was(cli_env, r, tmp_path, capsys):
+    """Opening ``--ids-out`` before the send must not empty it: a later send of a file with a bad row (nothing sent)
+    would lose the ids of the earlier send that the file still holds. A send that goes replaces it."""
+    ids = tmp_path / "ids.jsonl"
+    assert cli_main(["send", str(_tickets(tmp_path / "a.jsonl", 2)), "--ids-out", str(ids)]) == 0
+    first = ids.read_text()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"id": "B-1", "text": "fine"}) + "\n" + json.dumps({"id": "B-\u0007", "text": "fine"}) + "\n"
+    )
+    assert cli_main(["send", str(bad), "--ids-out", str(ids)]) == 2
+    assert "row 2" in capsys.readouterr().err
+    assert ids.read_text() == first and len(first.splitlines()) == 2
+    assert cli_main(["send", str(_tickets(tmp_path / "c.jsonl", 1)), "--ids-out", str(ids)]) == 0
+    assert [json.loads(x)["stream_id"] for x in ids.read_text().splitlines()] == [
+        r.xrevrange(cli_env.input_stream)[0][0]
+    ]
+
+
+def test_cli_counts_below_their_floor_are_usage_errors(cli_env, r, tmp_path, capsys):
+    """``send --limit 0`` (or -1) sent one ticket; ``synth``/``demo --n -1`` raised ValueError; ``results --count 0``
+    printed 20."""
+    tickets = _tickets(tmp_path / "t.jsonl", 2)
+    for argv in (
+        ["send", str(tickets), "--limit", "0"],
+        ["synth", "--n", "-1"],
+        ["demo", "--n", "-1"],
+        ["results", "--count", "0"],
+    ):
+        with pytest.raises(SystemExit) as stop:
+            cli_main(argv)
+        assert stop.value.code == 2, argv
+        assert "must be at least" in capsys.readouterr().err
+    assert not r.exists(cli_env.input_stream)
+    assert cli_main(["send", str(tickets), "--limit", "1"]) == 0 and r.xlen(cli_env.input_stream) == 1
+
+
+def test_cli_wait_on_an_empty_ids_file_waits_for_nothing(cli_env, tmp_path, capsys):
+    """`send` of an empty file writes an empty --ids-out file and exits 0; waiting on it exited 2, "give ticket ids
+    or --from-file", although it was given."""
+    empty, ids = tmp_path / "empty.jsonl", tmp_path / "ids.jsonl"
+    empty.write_text("")
+    assert cli_main(["send", str(empty), "--ids-out", str(ids)]) == 0
+    assert cli_main(["wait", "--from-file", str(ids), "--timeout-s", "0"]) == 0
+    capsys.readouterr()
+    assert cli_main(["wait"]) == 2 and "give ticket ids" in capsys.readouterr().err
+
+
+def test_one_ticket_where_the_api_takes_many_is_refused(settings, r):
+    """A str is an iterable of characters and a dict one of its keys: ``submit_many({"text": ...})`` sent "text" as
+    a ticket, ``submit_many("abc")`` three, and ``wait("T-1")`` waited out its timeout on "T", "-" and "1"."""
+    client = TriageClient(settings)
+    sent = client.submit("charged twice", id="T-1")
+    for call in (
+        lambda: client.submit_many({"text": "charged twice"}),
+        lambda: client.submit_many("abc"),
+        lambda: client.wait("T-1", timeout_s=0),
+        lambda: client.get_results("T-1"),
+    ):
+        with pytest.raises(TypeError, match="got a single"):
+            call()
+    assert r.xlen(settings.input_stream) == 1
+    assert client.wait([sent, "T-1"], timeout_s=0) == {}  # lists, generators and Submitted work as before
+    assert client.submit_many(t for t in ["a", "b"])[1].ticket_id
+
+
+def test_ctrl_c_during_a_blocked_send_writes_the_ids_of_what_went(cli_env, r, tmp_path):
+    """``send`` blocked by backpressure (``block``: a batch import) and stopped with Ctrl-C printed a traceback and
+    wrote no --ids-out file, so a resume could not tell what had gone. Now: exit 130, one line, the ids."""
+    tickets, ids = _tickets(tmp_path / "t.jsonl", 30), tmp_path / "ids.jsonl"
+    name = f"send-{cli_env.input_stream}"  # to find this process's connection in CLIENT LIST
+    env = dict(
+        os.environ,  # with cli_env's TRIAGE_* names
+        TRIAGE_REDIS_URL=f"{cli_env.redis_url}?client_name={name}",
+        TRIAGE_INPUT_MAX_BACKLOG="10",  # no worker: two chunks of 5 go, the third waits for room
+        TRIAGE_SUBMIT_CHUNK_SIZE="5",
+        TRIAGE_BACKPRESSURE_TIMEOUT_S="300",
+    )
+    argv = [sys.executable, "-m", "producer", "send", str(tickets), "--ids-out", str(ids)]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def waiting_for_room() -> bool:  # both chunks in and their replies read: it is back to checking the backlog
+        conns = [c for c in r.client_list() if c.get("name") == name]
+        return r.xlen(cli_env.input_stream) == 10 and any(c["cmd"] in ("xlen", "xinfo|groups") for c in conns)
+
+    try:
+        deadline = time.monotonic() + 120
+        while not waiting_for_room():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"send never blocked on the backlog: {proc.communicate()[1]}")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted (10 tickets sent before that)" in err
+    written = [json.loads(line) for line in ids.read_text().splitlines()]
+    assert written == [{"id": f["id"], "stream_id": sid} for sid, f in r.xrange(cli_env.input_stream)]
