@@ -12,10 +12,15 @@ class TicketFileError(ValueError):
 
 
 def read_tickets(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Rows as dicts with at least ``text``; ``id``/``label``/others are kept. Line numbers in errors."""
+    """Rows as dicts with at least ``text``; ``id``/``label``/others are kept. Line numbers in errors.
+
+    UTF-8 with or without a byte-order mark: spreadsheet exports (Excel's "CSV UTF-8") start with one, which
+    made the first CSV column ``\ufefftext`` and the first JSON line invalid. ``limit`` 0 reads nothing."""
     path = Path(path)
     rows: list[dict] = []
-    with path.open(encoding="utf-8", newline="") as f:
+    if limit is not None and limit <= 0:
+        return rows
+    with path.open(encoding="utf-8-sig", newline="") as f:
         if path.suffix.lower() == ".csv":
             reader = csv.DictReader(f)
             if not reader.fieldnames or "text" not in reader.fieldnames:
