@@ -4,10 +4,13 @@ keeps running. Real Redis (a private server where a test sets maxmemory), real `
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import threading
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -16,10 +19,11 @@ from rq import Callback, Queue, Retry, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
+from rq.webhook import Webhook
 
 from producer.rq_client import enqueue_tickets
 from tests.integration import test_rq
-from tests.integration.test_rq import LABELS, TICKETS, _assert_labelled, _log_events, _run_to_exit
+from tests.integration.test_rq import LABELS, TICKETS, _assert_labelled, _log_events, _run_to_exit, _running, _wait_for
 from worker.rqbatch import BatchWorker, intake, plain
 from worker.rqbatch.payload import InvalidJob, ticket_text
 
@@ -34,10 +38,15 @@ def note_failure(job, connection, exc_type, exc_value, tb):
         f.write(f"{exc_type.__name__}\n")
 
 
-def _out_of_memory_for(conn: redis.Redis, seconds: float) -> None:
-    """Redis refuses every write (maxmemory 1, noeviction) from now for ``seconds``."""
+def _out_of_memory(conn: redis.Redis) -> None:
+    """Redis refuses every write (maxmemory 1, noeviction) from now until ``maxmemory`` is set back to 0."""
     conn.config_set("maxmemory-policy", "noeviction")
     conn.config_set("maxmemory", 1)
+
+
+def _out_of_memory_for(conn: redis.Redis, seconds: float) -> None:
+    """Redis refuses every write (maxmemory 1, noeviction) from now for ``seconds``."""
+    _out_of_memory(conn)
     threading.Timer(seconds, lambda: conn.config_set("maxmemory", 0)).start()
 
 
@@ -272,3 +281,177 @@ def test_the_fill_wait_stays_well_inside_rqs_intermediate_queue_threshold(redis_
         return listed.should_be_cleaned_up("j")
 
     assert cleaned_up_after(61) and not cleaned_up_after(2 * intake.FILL_WAIT_MAX_S - 5)  # the cap leaves ~30 s
+
+
+# ------------------------------------------------------------------------ Redis refusing writes: intake, idle, stop
+class OutOfMemoryAsAJobIsHandedOverBatchWorker(BatchWorker):
+    """Redis runs out of memory for 2 s right after RQ's dequeue took the first job (before its last heartbeat and
+    the batch's fill): the job is in hand, in the intermediate list (one queue) or in no list (several)."""
+
+    def reorder_queues(self, reference_queue):
+        super().reorder_queues(reference_queue)
+        if not self.connection.exists("oom-done"):
+            self.connection.set("oom-done", 1)
+            _out_of_memory_for(self.connection, 2.0)
+
+
+@pytest.mark.parametrize("queues", [1, 2], ids=["one-queue", "two-queues"])
+def test_redis_refusing_writes_as_a_job_is_handed_over_loses_nothing(rq_setup, queues):
+    """RQ's last heartbeat of the dequeue, or the fill's LMOVE pipeline, raised: the worker quit ("found an unhandled
+    exception", exit 1) with the job RQ handed over in the intermediate list, later failed as "stuck" by RQ's cleanup,
+    or, serving two queues, in no queue or registry at all. Now the fill stops at the refusal (logged once) and the
+    batch in hand goes on."""
+    with _private_server(rq_setup) as h:
+        q2 = Queue("faults-q-2", connection=h.conn, serializer=JSONSerializer)  # served first, empty
+        jobs = enqueue_tickets(h.queue, TICKETS[:3])
+        _run_to_exit(
+            h, *([q2.name] if queues == 2 else []), worker_class=f"{HERE}.OutOfMemoryAsAJobIsHandedOverBatchWorker"
+        )
+        _assert_labelled(h, jobs)
+        assert h.conn.llen(h.queue.intermediate_queue_key) == 0 and h.queue.count == 0
+        assert h.queue.started_job_registry.get_job_ids() == [] and h.queue.failed_job_registry.get_job_ids() == []
+        assert "unhandled exception" not in h.log.read_text()
+        ops = [e["op"] for e in _log_events(h, "redis_unavailable")]
+        if queues == 1:  # one queue: the job is listed already; the fill meets the refusal and stops, once
+            assert ops.count("rq_fill") == 1 and "rq_start" in ops, ops
+        else:  # two: RQ popped the job from no intermediate list; it is listed there before anything else
+            assert ops[0] == "rq_hold", ops
+        assert sum(b["jobs"] for b in _log_events(h, "rq_batch")) == 3
+
+
+class _OutOfMemoryAfterTheFirstMove(redis.client.Pipeline):
+    """A pipeline that sends its first command alone, then Redis reaches maxmemory, then the rest: the replies a
+    pipeline without MULTI gets when Redis runs out of memory between its commands (all from the real server)."""
+
+    def _execute_pipeline(self, connection, commands, raise_on_error):
+        first = super()._execute_pipeline(connection, commands[:1], raise_on_error)
+        _out_of_memory(redis.Redis(connection_pool=self.connection_pool))
+        return first + super()._execute_pipeline(connection, commands[1:], raise_on_error)
+
+
+class _OutOfMemoryMidFill(redis.Redis):
+    def pipeline(self, transaction=True, shard_hint=None):
+        if transaction or self.exists("oom-done"):
+            return super().pipeline(transaction, shard_hint)
+        self.set("oom-done", 1)
+        return _OutOfMemoryAfterTheFirstMove(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+def test_a_fill_that_redis_refuses_midway_keeps_the_jobs_it_moved_and_leaves_the_rest_queued(rq_setup):
+    """The fill's LMOVE pipeline (no MULTI) may apply some moves before Redis refuses the next: the old fill raised,
+    and the jobs it had moved sat in the intermediate list, in no batch, until RQ's cleanup failed them as stuck. The
+    moved ones (the replies say which) now join the batch; the refused ones were never moved and stay queued."""
+    from worker.logs import get_logger
+
+    with _private_server(rq_setup) as h:
+        conn = _OutOfMemoryMidFill.from_url(h.url)
+        queue = Queue(h.queue.name, connection=conn, serializer=JSONSerializer)
+        first, *jobs = enqueue_tickets(queue, TICKETS[:4])
+        worker = BatchWorker([queue], connection=conn, name=h.worker_name)
+        worker.settings, worker.tlog = SimpleNamespace(reconnect_max_s=0.5), get_logger("triage.rq")
+        batch = [(Job.fetch(first.id, connection=conn, serializer=JSONSerializer), queue)]
+        assert conn.lmove(queue.key, queue.intermediate_queue_key).decode() == first.id  # RQ's handover
+        try:
+            intake.fill(worker, batch, limit=4, max_wait_s=30.0)
+        finally:
+            h.conn.config_set("maxmemory", 0)
+        assert [j.id for j, _ in batch] == [first.id, jobs[0].id]  # the one move applied, then refused
+        assert [i.decode() for i in h.conn.lrange(queue.intermediate_queue_key, 0, -1)] == [first.id, jobs[0].id]
+        assert queue.get_job_ids() == [j.id for j in jobs[1:]]  # never moved: still queued, in order
+
+
+def _wait_events(h, proc, event: str, op: str, n: int = 1) -> list[dict]:
+    def seen() -> list[dict]:
+        return [e for e in _log_events(h, event) if e.get("op") == op]
+
+    _wait_for(lambda: len(seen()) >= n, f"{n} {event} {op}", proc, h, timeout_s=60)
+    return seen()
+
+
+def test_an_idle_worker_waits_out_redis_refusing_writes_and_a_warm_stop_still_ends_it(rq_setup):
+    """RQ's dequeue retries only ConnectionError and TimeoutError: an idle worker's dequeue (its heartbeat, BLMOVE)
+    meeting an out-of-memory Redis ended the work loop, and the refused register_death made it exit 1 (a supervisor's
+    restart loads the model again). It now waits, one redis_unavailable line per try, goes on when Redis takes writes
+    again, and a SIGTERM while it waits is still a clean stop."""
+    with _private_server(rq_setup) as h:
+        key = f"rq:worker:{h.worker_name}"
+        with _running(h, "--worker-ttl", "16") as proc:  # RQ's dequeue blocks worker_ttl - 15 s at a time
+            _wait_for(lambda: h.conn.hget(key, "state") == b"idle", "an idle worker", proc, h, timeout_s=60)
+            _out_of_memory(h.conn)
+            waits = _wait_events(h, proc, "redis_unavailable", "rq_dequeue", 2)
+            assert "OOM" in waits[0]["error"] or "OutOfMemory" in waits[0]["error"], waits
+            h.conn.config_set("maxmemory", 0)
+            _wait_events(h, proc, "redis_reconnected", "rq_dequeue")
+            jobs = enqueue_tickets(h.queue, TICKETS[:2])
+            _wait_for(lambda: h.queue.finished_job_registry.count == 2, "the jobs run", proc, h, timeout_s=60)
+            _assert_labelled(h, jobs)
+            before = len(_log_events(h, "redis_unavailable"))
+            _out_of_memory(h.conn)
+            _wait_for(lambda: len(_log_events(h, "redis_unavailable")) > before + 1, "a wait", proc, h, timeout_s=60)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, h.log.read_text()
+            h.conn.config_set("maxmemory", 0)
+        log = h.log.read_text()
+        assert "unhandled exception" not in log and "Traceback" not in log, log
+        assert [e["op"] for e in _log_events(h, "redis_unavailable")][-1] == "rq_stop"  # its death: not registered
+
+
+# ----------------------------------------------------------------- Redis refusing part of a batch's success
+class OutOfMemoryAtASlowSuccessBatchWorker(BatchWorker):
+    """Redis runs out of memory for 2 s as the first job with dependents is recorded by RQ's handle_job_success, after
+    the batch's plain jobs' MULTI/EXEC applied: before its write (TEST_OOM_AT=before) or after it, before its mirror."""
+
+    def handle_job_success(self, job, queue, started_job_registry, execution):
+        after = os.environ["TEST_OOM_AT"] == "after"
+        if after:
+            super().handle_job_success(job, queue, started_job_registry, execution)
+        if not self.connection.exists("oom-done"):
+            self.connection.set("oom-done", 1)
+            _out_of_memory_for(self.connection, 2.0)
+        if not after:
+            super().handle_job_success(job, queue, started_job_registry, execution)
+
+
+@contextmanager
+def _webhook_endpoint():
+    """A local HTTP endpoint for RQ's webhooks; yields its URL and the (job id, status) of each POST it got."""
+    got: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            got.append((body["job_id"], body["status"]))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hook", got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("oom_at", ["before", "after"], ids=["record-refused", "mirror-refused"])
+def test_every_finished_job_gets_one_webhook_and_one_mirror_when_redis_refuses_part_of_a_success(rq_setup, oom_at):
+    """The batch's plain jobs were recorded in one MULTI/EXEC, then Redis refused a job with dependents (RQ's
+    handle_job_success) or its mirror: the retry recorded only the jobs not recorded yet, and sent webhooks only for
+    those, so the plain job's finished webhook never went out (and, its mirror refused, the slow job's neither, nor
+    its label to the results stream)."""
+    with _private_server(rq_setup) as h, _webhook_endpoint() as (url, got):
+        hook = [Webhook(url, "finished", method="POST")]
+        plain_job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0], webhooks=hook)
+        parent = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[1], webhooks=hook)
+        child = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[2], webhooks=hook, depends_on=parent)
+        jobs = [plain_job, parent, child]
+        _run_to_exit(h, worker_class=f"{HERE}.OutOfMemoryAtASlowSuccessBatchWorker", TEST_OOM_AT=oom_at)
+        _assert_labelled(h, jobs)
+        assert sorted(got) == sorted((j.id, "finished") for j in jobs), got
+        mirrored = [f[b"id"].decode() for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])]
+        assert sorted(mirrored) == sorted(j.id for j in jobs)
+        assert [b["jobs"] for b in _log_events(h, "rq_batch")] == [2, 1]
+        assert "rq_record" in [e["op"] for e in _log_events(h, "redis_unavailable")]

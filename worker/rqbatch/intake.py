@@ -12,6 +12,11 @@ batch waits at most FILL_WAIT_MAX_S to fill, whatever TRIAGE_MAX_WAIT_MS says.
 
 Waiting for a batch to fill polls briefly instead of blocking in Redis, so a warm-shutdown request stops the intake
 at once and no blocked pop can take a job after it.
+
+A fill that Redis refuses (out of memory: LMOVE is a write; a restart) stops, and the batch in hand goes on (its
+start waits for Redis). The LMOVE pipeline has no MULTI, so some moves may have been applied before the refusal:
+their replies name the jobs, which join the batch; the refused ones were not moved and stay queued. Only a pipeline
+whose replies are lost (the connection dropped) leaves jobs it moved in the intermediate list, for RQ's cleanup.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from rq.job import Job
 from rq.queue import Queue
 
 from worker.rqbatch import unreadable
+from worker.stream.connection import is_passing
 
 if TYPE_CHECKING:
     from rq.worker import BaseWorker
@@ -40,13 +46,26 @@ def uses_intermediate_queue(worker: BaseWorker) -> bool:
 
 
 def hold(worker: BaseWorker, job: Job, queue: Queue) -> None:
-    """The job RQ handed over, in its queue's intermediate list if RQ popped it without one (several queues)."""
+    """The job RQ handed over, in its queue's intermediate list if RQ popped it without one (several queues).
+    Safe to call again (``until_written``): listed once, whether or not a try's reply was lost."""
     if len(worker.queues) > 1 and uses_intermediate_queue(worker):
-        worker.connection.lpush(queue.intermediate_queue_key, job.id)
+        with worker.connection.pipeline() as pipe:
+            pipe.lrem(queue.intermediate_queue_key, 0, job.id)
+            pipe.lpush(queue.intermediate_queue_key, job.id)
+            pipe.execute()
+
+
+class FillRefused(Exception):
+    """Redis refused the fill (``error``, one that passes by itself); ``jobs``: those it took before, in hand."""
+
+    def __init__(self, jobs: list[tuple[Job, Queue]], error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.jobs, self.error = jobs, error
 
 
 def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:
-    """Up to ``limit`` queued jobs, queues in the worker's priority order; never blocks."""
+    """Up to ``limit`` queued jobs, queues in the worker's priority order; never blocks. Raises FillRefused if Redis
+    refused a move, with the jobs moved before it."""
     out: list[tuple[Job, Queue]] = []
     conn = worker.connection
     via_intermediate = uses_intermediate_queue(worker)
@@ -54,28 +73,44 @@ def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:
         need = limit - len(out)
         if need <= 0:
             break
+        refused = None
         if via_intermediate:
-            with conn.pipeline(transaction=False) as pipe:
-                for _ in range(need):
-                    pipe.lmove(queue.key, queue.intermediate_queue_key)
-                ids = [i for i in pipe.execute() if i is not None]
+            try:
+                with conn.pipeline(transaction=False) as pipe:
+                    for _ in range(need):
+                        pipe.lmove(queue.key, queue.intermediate_queue_key)
+                    replies = pipe.execute(raise_on_error=False)
+            except Exception as e:  # no replies (a lost connection): what it moved is left to RQ's cleanup
+                if not is_passing(e):
+                    raise
+                raise FillRefused(out, e) from e
+            refused = next((r for r in replies if isinstance(r, Exception)), None)
+            if refused is not None and not is_passing(refused):
+                raise refused
+            ids = [r for r in replies if r is not None and not isinstance(r, Exception)]  # each one moved
         else:
             ids = conn.lpop(queue.key, need) or []
         ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
         out.extend((job, queue) for job in fetch_jobs(worker, ids, queue))
+        if refused is not None:
+            raise FillRefused(out, refused)
     return out
 
 
 def fetch_jobs(worker: BaseWorker, job_ids: list[str], queue: Queue) -> list[Job]:
     """The jobs behind ``job_ids`` (taken from ``queue``) in one round trip. Gone ones are skipped (as RQ does);
     unreadable ones are failed (``unreadable``): skipped, one would be in no registry. Either leaves the
-    intermediate list: RQ's cleanup of it raises on an unreadable job."""
+    intermediate list: RQ's cleanup of it raises on an unreadable job. The jobs are taken: read until Redis answers."""
     if not job_ids:
         return []
-    with worker.connection.pipeline(transaction=False) as pipe:
-        for job_id in job_ids:
-            pipe.hgetall(worker.job_class.key_for(job_id))
-        raws = pipe.execute()
+
+    def read() -> list:
+        with worker.connection.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(worker.job_class.key_for(job_id))
+            return pipe.execute()
+
+    raws = worker.until_written(read, op="rq_fill")
     jobs = []
     for job_id, raw in zip(job_ids, raws):
         job = worker.job_class(job_id, connection=worker.connection, serializer=worker.serializer)
@@ -98,12 +133,20 @@ def fill_wait_s(max_wait_ms: float) -> float:
 def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wait_s: float) -> None:
     """Grow ``batch`` to ``limit`` jobs, waiting at most ``max_wait_s`` for more to arrive.
 
-    Stops at once when a warm shutdown was requested: the batch in hand is then finished as is.
+    Stops at once when a warm shutdown was requested, or when Redis refuses a move (logged): the batch in hand is
+    then finished as is.
     """
     deadline = time.monotonic() + max_wait_s
     want = limit
     while len(batch) < limit and not worker._stop_requested:
-        got = drain(worker, min(want, limit - len(batch)))
+        try:
+            got = drain(worker, min(want, limit - len(batch)))
+        except FillRefused as refused:
+            batch.extend(refused.jobs)
+            worker.tlog.warning(
+                "redis_unavailable", op="rq_fill", error=str(refused), batch=len(batch), note="the batch goes on"
+            )
+            return
         if got:
             batch.extend(got)
             want = limit  # jobs are arriving: take all there are

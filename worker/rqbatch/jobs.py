@@ -43,6 +43,7 @@ class Entry:
     error: ExcInfo | None = None
     callbacks_ok: bool = False  # only then may its success/failure callback run
     recorded: bool = False  # finished or failed in RQ's registries: no more heartbeats for its execution
+    mirrored: bool = False  # its label is in the results stream
 
     def fail(self, exc: BaseException) -> None:
         self.error = (type(exc), exc, exc.__traceback__)

@@ -12,7 +12,7 @@ building blocks (Execution, Job, Result, the worker's handle_* methods):
 * success: ``handle_job_success`` minus dependents/repeats, for all plain jobs in ONE
   MULTI/EXEC that also mirrors each label to the triage results stream. Jobs with
   dependents (WATCHed, so one added meanwhile is seen), repeats or rate limits go
-  through RQ's own ``handle_job_success`` one by one;
+  through RQ's own ``handle_job_success`` one by one; the finished webhooks once all are written;
 * failure: exception handlers, then what ``handle_job_failure`` writes (Retry honoured,
   FailedJobRegistry, failed Result), raising where RQ's logs a refused write (``failure``).
 
@@ -83,13 +83,19 @@ def run_callbacks(worker: BaseWorker, entries: list[Entry]) -> None:
 
 
 def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, results_maxlen: int, model: str) -> None:
-    """Record the successful jobs (see module doc) and mirror each label to the results stream."""
-    for e in entries:
+    """Record the successful jobs not recorded yet (see module doc) and mirror each label to the results stream.
+
+    Safe to call again while Redis refuses part of it (``until_written``): a plain job's record and mirror are one
+    MULTI/EXEC; a slow job's mirror, after RQ's handle_job_success, is written by the next try if it was refused
+    (``Entry.mirrored``). Webhooks are not sent here but once all are written (``send_finished``): a try refused after
+    some jobs were recorded left theirs unsent."""
+    todo = [e for e in entries if not e.recorded]
+    for e in todo:
         e.job._result = e.result
         e.job._status = JobStatus.FINISHED
     plain: list[Entry] = []
     slow: list[Entry] = []
-    for e in entries:
+    for e in todo:
         (slow if e.job.has_rate_limit or e.job.repeats_left else plain).append(e)
     if plain:
         conn = worker.connection
@@ -109,7 +115,7 @@ def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, resul
                 if plain:
                     tx.execute()
                 for e in plain:
-                    e.recorded = True
+                    e.recorded = e.mirrored = True
         except redis.WatchError:
             slow += plain
             plain = []
@@ -118,9 +124,16 @@ def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, resul
             job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution
         )
         e.recorded = True
-        with worker.connection.pipeline() as pipe:
-            _mirror(worker, e, pipe, results_stream, results_maxlen, model)
-            pipe.execute()
+    for e in entries:
+        if e.recorded and not e.mirrored:  # a slow one's, or one a refused try recorded but did not mirror
+            with worker.connection.pipeline() as pipe:
+                _mirror(worker, e, pipe, results_stream, results_maxlen, model)
+                pipe.execute()
+            e.mirrored = True
+
+
+def send_finished(entries: list[Entry]) -> None:
+    """The finished webhooks of the recorded jobs, once each (RQ's send_webhooks logs a failed send, never raises)."""
     for e in entries:
         e.job.send_webhooks(JobStatus.FINISHED)
 

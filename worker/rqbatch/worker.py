@@ -16,8 +16,9 @@ is in hand, so it only sets the stop flag: intake stops, the batch finishes, the
 process exits 0 and queued jobs stay queued. A second signal (after 1 s) is RQ's
 cold shutdown: the batch is dropped and RQ's registry cleanup deals with it later.
 
-Every write of a batch is waited out while Redis refuses it (``until_written``); a job whose hash RQ cannot read
-is failed where the worker meets it (``unreadable``), not left to crash RQ's dequeue or its cleanup.
+A Redis that refuses writes for now (out of memory, a restart, a replica) is waited out, in RQ's loop as in a batch
+(``waits``); a job whose hash RQ cannot read is failed where the worker meets it (``unreadable``), not left to crash
+RQ's dequeue or its cleanup.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.utils import ensure_job_list, now
-from rq.worker import BaseWorker, WorkerStatus
+from rq.worker import WorkerStatus
 
 from worker.engine.types import RunStats
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
@@ -39,11 +40,12 @@ from worker.rqbatch import intake, outcome, unreadable
 from worker.rqbatch.heartbeat import BatchHeartbeat
 from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
 from worker.rqbatch.payload import latency_ms
+from worker.rqbatch.waits import RedisWaits
 
 _RQ_HANDLER_LOGGERS = ("rq.worker", "rq.job", "rq.queue")
 
 
-class BatchWorker(BaseWorker):
+class BatchWorker(RedisWaits):
     """RQ worker for triage classify jobs: batches them through one engine loaded in this process."""
 
     def __init__(self, queues, *args, serializer=None, log_job_description: bool = True, **kwargs):
@@ -127,8 +129,8 @@ class BatchWorker(BaseWorker):
 
     # ---------------------------------------------------------- RQ's intake
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        """RQ's, failing each job whose hash RQ cannot read (``unreadable``) and dequeuing again: RQ's dequeue raises
-        on one (it attaches the job id and queue), and its work loop then quits."""
+        """RQ's (a refusing Redis waited out: ``waits``), failing each job whose hash RQ cannot read (``unreadable``)
+        and dequeuing again: RQ's dequeue raises on one (it attaches the job id and queue), and its work loop quits."""
         while True:
             try:
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
@@ -155,7 +157,7 @@ class BatchWorker(BaseWorker):
         if self._jobs_left is not None:
             limit = max(1, min(limit, self._jobs_left))
         batch = [(job, queue)]
-        intake.hold(self, job, queue)
+        self.until_written(lambda: intake.hold(self, job, queue), op="rq_hold")
         self._set_phase("reading")
         intake.fill(self, batch, limit, intake.fill_wait_s(self.settings.max_wait_ms))
         fill_ms = (time.perf_counter() - t0) * 1000
@@ -196,13 +198,10 @@ class BatchWorker(BaseWorker):
                 ok = [e for e in accepted if e.error is None]
                 self.until_written(
                     lambda: outcome.succeed(
-                        self,
-                        [e for e in ok if not e.recorded],
-                        self.settings.results_stream,
-                        self.settings.results_maxlen,
-                        self.clf.model_name,
+                        self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name
                     )
                 )
+                outcome.send_finished(ok)  # once all are written: a retry writes only what a refused try had not
                 for e in accepted:
                     if e.error is not None:
                         outcome.fail(self, e)
@@ -223,35 +222,6 @@ class BatchWorker(BaseWorker):
             total_ms=round(fill_ms + (time.perf_counter() - t0) * 1000, 1),
             queues=sorted({e.queue.name for e in entries}),
         )
-
-    def until_written(self, record, op: str = "rq_record") -> None:
-        """``record()`` again while Redis refuses writes it will take later (out of memory, a restart, a replica
-        not promoted yet). Raised, RQ's worker quit: jobs taken but not started stayed in the intermediate list until
-        RQ's cleanup failed them as stuck; started ones until its registry cleanup failed them as abandoned (a
-        failure callback then ran twice). ``record`` must be safe to call again: a refused MULTI/EXEC applies
-        nothing. The batch heartbeat beats meanwhile, once the batch is started. A second signal (cold stop) still
-        ends the worker."""
-        from worker.stream.connection import Backoff, is_passing
-
-        backoff = None
-        while True:
-            try:
-                record()
-                if backoff is not None:
-                    self.tlog.info("redis_reconnected", op=op, attempts=backoff.attempt)
-                return
-            except Exception as e:  # noqa: BLE001 - only what passes by itself is retried
-                if not is_passing(e):
-                    raise
-                backoff = backoff or Backoff(self.settings.reconnect_max_s)
-                delay = backoff.failed(None)
-                self.tlog.warning(
-                    "redis_unavailable",
-                    op=op,
-                    error=f"{type(e).__name__}: {e}",
-                    attempt=backoff.attempt,
-                    retried_after_s=round(delay, 2),
-                )
 
     def _classify(self, entries: list[Entry]) -> tuple[RunStats, int]:
         """Tokenize + classify the checked jobs under one timeout; fills each entry's result or error.

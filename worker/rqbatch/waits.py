@@ -1,0 +1,135 @@
+"""RQ's worker loop through a Redis that refuses it for now (out of memory under noeviction, a restart, a replica not
+promoted yet, a script running): waited out with the stream worker's backoff and log lines, not a quit.
+
+Why: RQ's dequeue retries only ConnectionError and TimeoutError; anything else raised in its loop (a refused
+heartbeat, BLMOVE, state write) ends the worker ("found an unhandled exception, quitting"), its refused
+register_death then makes ``rq worker`` exit 1, and a supervisor restarts it into the same error. Redis 7 also
+refuses every command queued in a MULTI at maxmemory, reads too (RQ's suspension check). ``RedisWaits``, mixed in
+before ``BaseWorker``:
+
+* ``until_written``: an operation tried again until Redis takes it, one ``redis_unavailable`` line per try, then
+  ``redis_reconnected``; RQ's suspension check, maintenance and dequeue wait that way (op ``rq_dequeue``);
+* the worker's presence writes outside a pipeline (its state field, a heartbeat, the shutdown date) are skipped when
+  refused: RQ reads the state in memory, they are written again soon (the batch's start, the next dequeue), and the
+  operation that meets the refusal next logs it. Raised, they ended the loop with a job in hand;
+* a stop whose register_death is refused is logged and still exits 0: the worker's key expires by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+from rq.worker import BaseWorker
+
+from worker.stream.connection import Backoff, is_passing
+
+T = TypeVar("T")
+
+
+class RedisWait:
+    """One operation's wait: a ``redis_unavailable`` line per refused try (then the backoff's sleep), and
+    ``redis_reconnected`` once it goes through."""
+
+    def __init__(self, worker: BaseWorker, op: str):
+        self.worker, self.op = worker, op
+        self.backoff: Backoff | None = None
+
+    def failed(self, e: BaseException) -> None:
+        """Log the refusal ``e`` and sleep the next delay; raises ``e`` if it does not pass by itself."""
+        if not is_passing(e):
+            raise e
+        self.backoff = self.backoff or Backoff(self.worker.settings.reconnect_max_s)
+        delay = self.backoff.failed(None)  # a signal's handler still runs (a warm stop raises StopRequested here)
+        self.worker.tlog.warning(
+            "redis_unavailable",
+            op=self.op,
+            error=f"{type(e).__name__}: {e}",
+            attempt=self.backoff.attempt,
+            retried_after_s=round(delay, 2),
+        )
+
+    def passed(self) -> None:
+        if self.backoff is not None:
+            self.worker.tlog.info("redis_reconnected", op=self.op, attempts=self.backoff.attempt)
+            self.backoff = None
+
+
+def _skipped_if_refused(write: Callable[[], object]) -> None:
+    try:
+        write()
+    except Exception as e:  # noqa: BLE001 - only what passes by itself is skipped
+        if not is_passing(e):
+            raise
+
+
+class RedisWaits(BaseWorker):
+    """BaseWorker's loop steps, waiting out a Redis that refuses them (see the module doc)."""
+
+    def until_written(self, record: Callable[[], T], op: str = "rq_record") -> T:
+        """``record()`` again while Redis refuses writes it will take later; its result. Raised, RQ's worker quit:
+        jobs taken but not started stayed in the intermediate list until RQ's cleanup failed them as stuck; started
+        ones until its registry cleanup failed them as abandoned (a failure callback then ran twice). ``record`` must
+        be safe to call again: a refused MULTI/EXEC applies nothing. A second signal (cold stop) still ends it."""
+        wait = RedisWait(self, op)
+        while True:
+            try:
+                out = record()
+            except Exception as e:  # noqa: BLE001 - failed() raises what does not pass by itself
+                wait.failed(e)
+                continue
+            wait.passed()
+            return out
+
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """RQ's, tried again after a refusal RQ's loop does not retry: it raised before a job was taken (a job RQ
+        popped and could not read carries its id and is the caller's). A strict heartbeat shows Redis takes writes
+        again before the next try."""
+        wait = RedisWait(self, "rq_dequeue")
+        while True:
+            try:
+                if wait.backoff is not None:
+                    super().heartbeat()
+                    wait.passed()
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except Exception as e:
+                if getattr(e, "job_id", None) is not None:
+                    raise
+                wait.failed(e)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        self.until_written(functools.partial(super().check_for_suspension, burst), op="rq_dequeue")
+
+    def run_maintenance_tasks(self) -> None:
+        self.until_written(super().run_maintenance_tasks, op="rq_dequeue")
+
+    def set_state(self, state: str, pipeline=None) -> None:
+        if pipeline is not None:
+            return super().set_state(state, pipeline)
+        _skipped_if_refused(functools.partial(super().set_state, state))  # RQ sets it in memory first
+
+    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
+        if pipeline is not None:
+            return super().heartbeat(timeout, pipeline)
+        _skipped_if_refused(functools.partial(super().heartbeat, timeout))
+
+    def set_shutdown_requested_date(self) -> None:
+        """Written by RQ's signal handler: raised there, the refusal would surface in whatever ran (a forward pass)."""
+        _skipped_if_refused(super().set_shutdown_requested_date)
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        except Exception as e:  # noqa: BLE001 - only what passes by itself is tolerated
+            if not is_passing(e):
+                raise
+            self.tlog.warning(
+                "redis_unavailable",
+                op="rq_stop",
+                error=f"{type(e).__name__}: {e}",
+                note="the worker's death is not registered; its key expires by itself (worker_ttl + 60 s)",
+            )
+            with contextlib.suppress(Exception):
+                self.unsubscribe()
