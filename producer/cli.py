@@ -78,7 +78,8 @@ def cmd_send(args) -> int:
         except InvalidTicket as e:  # the rows are checked before the first chunk goes: nothing was sent
             raise BadInput(f"{args.file}: row {e.index + 1}: {e.reason}; nothing was sent") from None
         except (BacklogFull, redis.RedisError, KeyboardInterrupt) as e:  # what did go, to resume after (main reports)
-            _write_ids(ids_out, getattr(e, "submitted", []))
+            if getattr(e, "submitted", None):  # none: an earlier file stays as it was
+                _write_ids(ids_out, e.submitted)
             raise
         _write_ids(ids_out, sent)
     print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
@@ -106,8 +107,8 @@ def _read_rows(path: str, limit: int | None) -> list[dict]:
 
 def _open_ids_out(path: str | None):
     """The ``--ids-out`` file, opened before anything is sent: a path that cannot be written failed only after
-    the send, losing the ids of what went. Opened to append, so a send refused before anything went leaves an
-    earlier file as it was; ``_write_ids`` replaces its content."""
+    the send, losing the ids of what went. Opened to append, so a send that stops before anything went (a bad row,
+    Redis unreachable, the backlog full, Ctrl-C) leaves an earlier file as it was; ``_write_ids`` replaces it."""
     try:
         return open(path, "a", encoding="utf-8") if path else contextlib.nullcontext()
     except OSError as e:

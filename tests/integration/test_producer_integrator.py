@@ -18,6 +18,7 @@ import redis
 from producer import ProducerSettings, TriageClient
 from producer.cli import main as cli_main
 from tests.worker_proc import REPO
+from worker.redis_server import free_port
 
 
 @pytest.fixture
@@ -69,9 +70,12 @@ def test_cli_send_checks_the_ids_out_path_before_sending(cli_env, r, tmp_path, c
     assert not r.exists(cli_env.input_stream)
 
 
-def test_a_send_refused_before_anything_went_leaves_an_earlier_ids_file_as_it_was(cli_env, r, tmp_path, capsys):
-    """Opening ``--ids-out`` before the send must not empty it: a later send of a file with a bad row (nothing sent)
-    would lose the ids of the earlier send that the file still holds. A send that goes replaces it."""
+def test_a_send_refused_before_anything_went_leaves_an_earlier_ids_file_as_it_was(
+    cli_env, r, tmp_path, capsys, monkeypatch
+):
+    """Opening ``--ids-out`` before the send must not empty it: a later send of a file with a bad row, or one that
+    finds Redis unreachable (nothing sent), would lose the ids of the earlier send that the file still holds. A send
+    that goes replaces it."""
     ids = tmp_path / "ids.jsonl"
     assert cli_main(["send", str(_tickets(tmp_path / "a.jsonl", 2)), "--ids-out", str(ids)]) == 0
     first = ids.read_text()
@@ -82,6 +86,11 @@ def test_a_send_refused_before_anything_went_leaves_an_earlier_ids_file_as_it_wa
     assert cli_main(["send", str(bad), "--ids-out", str(ids)]) == 2
     assert "row 2" in capsys.readouterr().err
     assert ids.read_text() == first and len(first.splitlines()) == 2
+    monkeypatch.setenv("TRIAGE_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")  # nothing answers: nothing goes
+    assert cli_main(["send", str(_tickets(tmp_path / "b.jsonl", 2)), "--ids-out", str(ids)]) == 1
+    assert "0 tickets sent" in capsys.readouterr().err
+    assert ids.read_text() == first
+    monkeypatch.setenv("TRIAGE_REDIS_URL", cli_env.redis_url)
     assert cli_main(["send", str(_tickets(tmp_path / "c.jsonl", 1)), "--ids-out", str(ids)]) == 0
     assert [json.loads(x)["stream_id"] for x in ids.read_text().splitlines()] == [
         r.xrevrange(cli_env.input_stream)[0][0]
