@@ -53,15 +53,6 @@ def run_worker(settings, *, drain: bool = False) -> int:
     return _Loop(settings, started, drain).run()
 
 
-def _sizer(settings, clf) -> WindowSizer:
-    """Windows of about TRIAGE_WINDOW_TARGET_S of measured work, after a small probe window, each at most twice
-    the one before (sizing.py)."""
-    from worker.assemble import window_max_items
-
-    max_items = window_max_items(settings, getattr(clf, "device", None))
-    return WindowSizer(settings.window_target_s, max_items, ramp_items=settings.window_ramp_items)
-
-
 class _Loop:
     """The main thread: take a window from the reader, run its passes, write, log.
 
@@ -81,7 +72,7 @@ class _Loop:
         self.status = started.status
         self.keeper = started.keeper
         self.summary = Summary(settings.log_summary_s, time.monotonic())
-        self.sizer = _sizer(settings, started.clf)
+        self.sizer = WindowSizer.for_worker(settings, started.clf)
         self._summary_lock = threading.Lock()
         self.reader = Reader(
             self.source,

@@ -47,6 +47,15 @@ class WindowSizer:
         self._last_read = 0  # tickets in the window read last; 0 after a read that found nothing
         self._lock = threading.Lock()  # the writer thread observes, the reader thread asks
 
+    @classmethod
+    def for_worker(cls, settings, clf) -> WindowSizer:
+        """The stream worker's: windows of about TRIAGE_WINDOW_TARGET_S of measured work, after a small probe
+        window, each at most twice the one before, never over the window cap (its CUDA default on a GPU)."""
+        from worker.assemble import window_max_items
+
+        max_items = window_max_items(settings, getattr(clf, "device", None))
+        return cls(settings.window_target_s, max_items, ramp_items=settings.window_ramp_items)
+
     def cap(self) -> int:
         with self._lock:
             cap = self._sized()
