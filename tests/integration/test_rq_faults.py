@@ -15,17 +15,22 @@ from types import SimpleNamespace
 
 import pytest
 import redis
-from rq import Callback, Queue, Retry, SimpleWorker
+from rq import Callback, Queue, Repeat, Retry, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
+from rq.utils import now
 from rq.webhook import Webhook
 
 from producer.rq_client import enqueue_tickets
 from tests.integration import test_rq
 from tests.integration.test_rq import LABELS, TICKETS, _assert_labelled, _log_events, _run_to_exit, _running, _wait_for
-from worker.rqbatch import BatchWorker, intake, plain
-from worker.rqbatch.payload import InvalidJob, ticket_text
+from tests.tcp_proxy import TcpProxy
+from worker.engine.types import Prediction
+from worker.rqbatch import BatchWorker, intake, outcome, plain, unreadable
+from worker.rqbatch.jobs import Entry
+from worker.rqbatch.landing import Landing
+from worker.rqbatch.payload import InvalidJob, job_result, ticket_text
 
 HERE = "tests.integration.test_rq_faults"
 rq_setup = test_rq.rq_setup  # the fixture: a test-owned queue and worker name on the shared Redis, removed after
@@ -98,6 +103,46 @@ def _private_server(rq_setup):
 
 def _fetch(h, job) -> Job:
     return Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+
+
+def _in_process(conn: redis.Redis, queues: list[str], name: str, **kw) -> BatchWorker:
+    """A batch worker in this process (no model): for the steps that are functions of Redis' state."""
+    from worker.logs import get_logger
+
+    worker = BatchWorker(queues, connection=conn, name=name, **kw)
+    worker.settings, worker.tlog = SimpleNamespace(reconnect_max_s=0.5), get_logger("triage.rq")
+    return worker
+
+
+def _started(worker: BatchWorker, jobs) -> list[Entry]:
+    """``jobs`` (queued, in this order) handed over and STARTED as a batch (``outcome.start``)."""
+    queue, conn = worker.queues[0], worker.connection
+    for job in jobs:
+        assert conn.lmove(queue.key, queue.intermediate_queue_key).decode() == job.id
+    entries = [Entry(job=Job.fetch(j.id, connection=conn, serializer=JSONSerializer), queue=queue) for j in jobs]
+    outcome.start(worker, entries, ttl=90)
+    return entries
+
+
+def _classified(entries: list[Entry]) -> None:
+    pred = Prediction(label="billing", scores={"billing": 0.9, "other": 0.1}, truncated=False, n_tokens=5)
+    for e in entries:
+        e.pred, e.result, e.job.ended_at = pred, job_result(pred, "test-model"), now()
+
+
+def _succeed(worker: BatchWorker, entries: list[Entry], stream: str) -> None:
+    landing = Landing(worker)
+    worker.until_written(lambda: outcome.succeed(worker, entries, stream, 1000, "test-model", landing))
+
+
+@contextmanager
+def _lossy(redis_url: str):
+    """A connection to the test Redis through a TCP proxy that can drop a connection right after forwarding a
+    transaction (it runs, its reply is lost): real replies, a real reset. The record's MULTI is told by a command
+    only it sends, HINCRBY (the worker's job counts): RQ reads dependents in MULTIs of their own."""
+    kw = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
+    with TcpProxy(kw.get("host", "127.0.0.1"), kw.get("port", 6379)) as proxy:
+        yield proxy, redis.Redis(port=proxy.port, db=kw.get("db", 0), password=kw.get("password"))
 
 
 # ------------------------------------------------------------------------------------------ unreadable job hashes
@@ -341,14 +386,11 @@ def test_a_fill_that_redis_refuses_midway_keeps_the_jobs_it_moved_and_leaves_the
     """The fill's LMOVE pipeline (no MULTI) may apply some moves before Redis refuses the next: the old fill raised,
     and the jobs it had moved sat in the intermediate list, in no batch, until RQ's cleanup failed them as stuck. The
     moved ones (the replies say which) now join the batch; the refused ones were never moved and stay queued."""
-    from worker.logs import get_logger
-
     with _private_server(rq_setup) as h:
         conn = _OutOfMemoryMidFill.from_url(h.url)
         queue = Queue(h.queue.name, connection=conn, serializer=JSONSerializer)
         first, *jobs = enqueue_tickets(queue, TICKETS[:4])
-        worker = BatchWorker([queue], connection=conn, name=h.worker_name)
-        worker.settings, worker.tlog = SimpleNamespace(reconnect_max_s=0.5), get_logger("triage.rq")
+        worker = _in_process(conn, [queue.name], h.worker_name)
         batch = [(Job.fetch(first.id, connection=conn, serializer=JSONSerializer), queue)]
         assert conn.lmove(queue.key, queue.intermediate_queue_key).decode() == first.id  # RQ's handover
         try:
@@ -455,3 +497,154 @@ def test_every_finished_job_gets_one_webhook_and_one_mirror_when_redis_refuses_p
         assert sorted(mirrored) == sorted(j.id for j in jobs)
         assert [b["jobs"] for b in _log_events(h, "rq_batch")] == [2, 1]
         assert "rq_record" in [e["op"] for e in _log_events(h, "redis_unavailable")]
+
+
+# ------------------------------------------------------------------ a lost reply: nothing applied twice
+def test_a_failure_whose_reply_is_lost_is_saved_once(rq_setup):
+    """A failure whose EXEC ran but whose reply was lost was sent again (redis-py's own retry resends an unwatched
+    MULTI, then the worker's wait): a retried job queued twice, its retry counted down twice, the worker's failure
+    count doubled, a failed job given two failed Results."""
+    h = rq_setup
+    with _lossy(h.url) as (proxy, conn):
+        retried = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0], retry=Retry(max=2))
+        failed = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[1])
+        h.jobs += [retried, failed]
+        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        for e in _started(worker, [retried, failed]):
+            e.fail(RuntimeError("CUDA error: an illegal memory access was encountered"))
+            e.job.ended_at = now()
+            proxy.drop_at(b"HINCRBY", after=True)
+            outcome.fail(worker, e)
+            assert proxy.triggered.wait(10)
+    assert h.queue.get_job_ids() == [retried.id] and _fetch(h, retried).retries_left == 1
+    assert len(_fetch(h, failed).results()) == 1 and _fetch(h, failed).get_status() == JobStatus.FAILED
+    assert int(h.conn.hget(worker.key, "failed_job_count")) == 2
+    assert h.queue.started_job_registry.get_job_ids() == []
+
+
+@pytest.mark.parametrize("path", ["plain", "slow"])
+def test_a_success_whose_reply_is_lost_is_recorded_once(rq_setup, path):
+    """The batch's MULTI (plain jobs) or RQ's handle_job_success (a job with dependents; RQ sends it again itself on
+    the WatchError redis-py raises for a lost reply) applied, its reply lost: sent again, the job had two Results and
+    two results-stream entries (and, through RQ, its dependent stayed in the ready registry until maintenance)."""
+    h = rq_setup
+    stream = h.env["TRIAGE_RESULTS_STREAM"]
+    with _lossy(h.url) as (proxy, conn):
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        child = [h.queue.enqueue("worker.rq_jobs.classify", TICKETS[1], depends_on=job)] if path == "slow" else []
+        h.jobs += [job, *child]
+        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        entries = _started(worker, [job])
+        _classified(entries)
+        proxy.drop_at(b"HINCRBY", after=True)
+        _succeed(worker, entries, stream)
+        assert proxy.triggered.wait(10)
+    done = _fetch(h, job)
+    assert done.get_status() == JobStatus.FINISHED and len(done.results()) == 1
+    assert [f[b"id"].decode() for _, f in h.conn.xrange(stream)] == [job.id]
+    assert int(h.conn.hget(worker.key, "successful_job_count")) == 1
+    assert h.queue.get_job_ids() == [c.id for c in child]  # the dependent: queued once, now
+
+
+def test_a_repeat_survives_redis_refusing_the_repeating_jobs_success(rq_setup):
+    """RQ's Repeat.schedule counts the repeats down in memory before EXEC: the refused try left none, the next one
+    recorded the job as a plain success, FINISHED, and it never ran again."""
+    with _private_server(rq_setup) as h:
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0], repeat=Repeat(times=1))
+        worker = _in_process(h.conn, [h.queue.name], h.worker_name)
+        entries = _started(worker, [job])
+        _classified(entries)
+        _out_of_memory_for(h.conn, 0.5)
+        _succeed(worker, entries, h.env["TRIAGE_RESULTS_STREAM"])
+        assert h.queue.get_job_ids() == [job.id]  # queued again, for its one repeat
+        again = _fetch(h, job)
+        assert again.get_status() == JobStatus.QUEUED and again.repeats_left == 0 and len(again.results()) == 1
+
+
+# -------------------------------------------------------------------- maintenance and the intermediate lists
+class _OutOfMemoryOnceLockedQueue(Queue):
+    """Redis runs out of memory for 0.5 s just after this queue's first maintenance lock is taken."""
+
+    def acquire_maintenance_lock(self) -> bool:
+        got = super().acquire_maintenance_lock()
+        if got and not self.connection.exists("oom-done"):
+            self.connection.set("oom-done", 1)
+            _out_of_memory_for(self.connection, 0.5)
+        return got
+
+
+def test_maintenance_refused_after_taking_its_lock_releases_it_and_runs_again(rq_setup):
+    """The refusal (RQ's first sighting of a listed job, a SET) escaped with the lock taken; the waited-out rerun
+    found the lock held and skipped the queue: its maintenance stopped for 15 minutes (the lock's expiry)."""
+    with _private_server(rq_setup) as h:
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id  # a dead worker's
+        worker = _in_process(h.conn, [h.queue.name], h.worker_name, queue_class=_OutOfMemoryOnceLockedQueue)
+        worker.run_maintenance_tasks()
+        assert not h.conn.exists(h.queue.registry_cleaning_key)
+        assert h.queue.intermediate_queue.get_first_seen(job.id) is not None  # the rerun did the cleanup
+
+
+def test_two_workers_failing_the_same_unreadable_job_save_one_failure(rq_setup):
+    """Each worker's maintenance failed the unreadable jobs of the intermediate lists outside RQ's lock, and a
+    refusal waited out let both read the job before either wrote: two failures saved (two failed Results). The
+    failure now checks, under WATCH, that the fields it removes are still there."""
+    with _private_server(rq_setup) as h:
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        _corrupt(h, job)
+        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
+        workers = [_in_process(h.conn, [h.queue.name], f"{h.worker_name}-{i}") for i in range(2)]
+        _out_of_memory_for(h.conn, 0.7)
+        threads = [threading.Thread(target=unreadable.fail_listed, args=(w, w.queues[0])) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        _assert_failed_unreadable(h, job, h.queue)
+        assert len(_fetch(h, job).results()) == 1
+
+
+def test_a_job_listed_again_is_not_failed_for_its_earlier_time_in_the_intermediate_list(rq_setup):
+    """RQ's first sighting of a job in an intermediate list (24 h) outlived the job's time there: retried and listed
+    again, the job was failed as "stuck in intermediate queue" by the next maintenance run, whatever the fill wait."""
+    h = rq_setup
+    job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0], retry=Retry(max=1))
+    h.jobs.append(job)
+    listed = h.queue.intermediate_queue
+    h.conn.set(listed.get_first_seen_key(job.id), now().timestamp() - 3600, ex=24 * 3600)  # seen there an hour ago
+    worker = _in_process(h.conn, [h.queue.name], h.worker_name)
+    (e,) = _started(worker, [job])
+    assert not h.conn.exists(listed.get_first_seen_key(job.id))
+    e.fail(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    outcome.fail(worker, e)  # retried: queued again
+    assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id  # the next handover
+    listed.cleanup(worker, h.queue)  # RQ's, as any worker's maintenance runs it
+    again = _fetch(h, job)
+    assert again.get_status() == JobStatus.QUEUED and listed.get_job_ids() == [job.id]
+    h.conn.delete(listed.get_first_seen_key(job.id))
+
+
+class _BusyOnTheFirstJobRead(redis.Redis):
+    """Redis answers BUSY (a script running) to the first read of a job hash, as right after RQ popped the job."""
+
+    def hgetall(self, name):
+        if name.startswith(Job.redis_job_namespace_prefix) and not getattr(self, "busy_done", False):
+            self.busy_done = True
+            raise redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or ...")
+        return super().hgetall(name)
+
+
+def test_a_popped_job_whose_read_redis_refuses_for_now_is_read_again_not_lost(rq_setup):
+    """RQ attaches the job id to any error reading the job it popped: the worker took a BUSY for an unreadable job,
+    read it again without waiting, found it readable and raised: RQ's work loop quit, and with several queues the
+    job (popped from no intermediate list) was in no queue or registry."""
+    h = rq_setup
+    q2 = Queue(h.queue.name + "-2", connection=h.conn, serializer=JSONSerializer)  # served first, empty
+    job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+    h.jobs.append(job)
+    conn = _BusyOnTheFirstJobRead.from_url(h.url)
+    worker = _in_process(conn, [q2.name, h.queue.name], h.worker_name)
+    worker.last_cleaned_at = now()  # no maintenance run here
+    got, queue = worker.dequeue_job_and_maintain_ttl(None)
+    assert conn.busy_done and got.id == job.id and queue.name == h.queue.name
+    assert got.func_name == "worker.rq_jobs.classify"

@@ -5,22 +5,26 @@ goes on. A started job then stays STARTED, and once its execution expires RQ's r
 finds it abandoned and runs its failure callback a second time; a job failed before its start stays in the
 intermediate list until RQ's cleanup fails it as "stuck". ``record_failure`` writes what handle_job_failure writes
 (RQ's own calls: Retry honoured, FailedJobRegistry, a failed Result, dependents, webhooks) but raises on a refusal;
-the caller waits it out (``BatchWorker.until_written``). A refused MULTI/EXEC applies nothing, and each try starts
-from the retry count the job had, so a retry counts down once.
+the caller waits it out (``RedisWaits.until_written``). A refused MULTI/EXEC applies nothing, a try whose reply was
+lost is not sent again if it landed (``landing``), and each try starts from the retry count the job had, so a retry
+counts down once.
+
+RQ's ``_stopped_job_id`` branch (a job stopped on request: STOPPED, never retried) is left out on purpose: a
+stop-job command cannot cut one job out of a batch's forward pass, and the worker voids it after each batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from rq.job import JobStatus
 from rq.job_lifecycle import format_exc_info
 
 from worker.rqbatch.jobs import Entry
+from worker.rqbatch.landing import Landing
 
 if TYPE_CHECKING:
-    from redis.client import Pipeline
     from rq.worker import BaseWorker
 
 
@@ -28,45 +32,55 @@ def record_failure(
     worker: BaseWorker,
     e: Entry,
     retries_left: int | None,
+    landing: Landing,
     *,
     retry: bool = True,
-    before: Callable[[Pipeline], object] | None = None,
-) -> None:
+    drop: Collection[bytes] = (),
+) -> bool:
     """Save ``e``'s failure (``e.error``) in one MULTI/EXEC, then what RQ does after it; raises if Redis refuses.
 
     ``retries_left``: the job's count before the first try (``job.retry`` counts down in memory before EXEC).
-    ``retry=False``: failed whatever retries it has. ``before(pipe)``: more writes, first in the transaction.
+    ``landing``: the same for every try of this failure. ``retry=False``: failed whatever retries it has.
+    ``drop``: fields removed from the job's hash in the same transaction (an unreadable job's); the hash is then
+    WATCHed, and False returned, nothing written, if they are gone already (another worker failed the job).
     The job also leaves its queue's intermediate list (a job failed before its start is still there; before Redis
-    6.2 there is none: a no-op)."""
+    6.2 there is none: a no-op), with RQ's first sighting of it there (else it comes back "stuck" if retried)."""
     job, queue = e.job, e.queue
     job.retries_left = retries_left
     retrying = retry and job.should_retry
     exc_string = format_exc_info(e.error)
     execution = e.execution
-    with worker.connection.pipeline() as pipe:
-        if before is not None:
-            before(pipe)
-        if not retrying:
-            job.set_status(JobStatus.FAILED, pipeline=pipe)
-        worker.cleanup_execution(job, pipeline=pipe, execution=execution)
-        if not worker.disable_default_exception_handler and not retrying:
-            job._handle_failure(
-                exc_string,
-                pipeline=pipe,
-                worker_name=worker.name,
-                execution_id=execution.id if execution else None,
-                execution_started_at=execution.created_at if execution else None,
-                execution_ended_at=job.ended_at,
-            )
-        worker.increment_failed_job_count(pipe)
-        if job.started_at and job.ended_at:
-            worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
-        if retrying:
-            job.retry(queue, pipe)
-        pipe.lrem(queue.intermediate_queue_key, 0, job.id)
-        pipe.execute()
+    if not landing.settle():
+        with worker.connection.pipeline() as pipe:
+            landing.watch(pipe, *([job.key] if drop else []))
+            if drop and not any(pipe.hmget(job.key, *drop)):
+                return False
+            pipe.multi()
+            if drop:
+                pipe.hdel(job.key, *drop)  # first: the writes after it set fields again
+            if not retrying:
+                job.set_status(JobStatus.FAILED, pipeline=pipe)
+            worker.cleanup_execution(job, pipeline=pipe, execution=execution)
+            if not worker.disable_default_exception_handler and not retrying:
+                job._handle_failure(
+                    exc_string,
+                    pipeline=pipe,
+                    worker_name=worker.name,
+                    execution_id=execution.id if execution else None,
+                    execution_started_at=execution.created_at if execution else None,
+                    execution_ended_at=job.ended_at,
+                )
+            worker.increment_failed_job_count(pipe)
+            if job.started_at and job.ended_at:
+                worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            if retrying:
+                job.retry(queue, pipe)
+            pipe.lrem(queue.intermediate_queue_key, 0, job.id)
+            pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
+            landing.execute(pipe)
     e.recorded = True  # from here its webhook may be slow: no more heartbeats for its execution
     if not retrying:
         job.send_webhooks(JobStatus.FAILED, exc_string=exc_string)
         worker._enqueue_dependents_safely(queue, job)
     worker._release_slot_safely(job)
+    return True

@@ -47,11 +47,13 @@ def uses_intermediate_queue(worker: BaseWorker) -> bool:
 
 def hold(worker: BaseWorker, job: Job, queue: Queue) -> None:
     """The job RQ handed over, in its queue's intermediate list if RQ popped it without one (several queues).
-    Safe to call again (``until_written``): listed once, whether or not a try's reply was lost."""
+    Safe to call again (``until_written``): listed once, whether or not a try's reply was lost. RQ's first sighting
+    of it there is from an earlier time it was listed: gone, or RQ's cleanup would fail it as "stuck" at once."""
     if len(worker.queues) > 1 and uses_intermediate_queue(worker):
         with worker.connection.pipeline() as pipe:
             pipe.lrem(queue.intermediate_queue_key, 0, job.id)
             pipe.lpush(queue.intermediate_queue_key, job.id)
+            pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
             pipe.execute()
 
 

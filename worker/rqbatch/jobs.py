@@ -44,6 +44,7 @@ class Entry:
     callbacks_ok: bool = False  # only then may its success/failure callback run
     recorded: bool = False  # finished or failed in RQ's registries: no more heartbeats for its execution
     mirrored: bool = False  # its label is in the results stream
+    repeats: tuple | None = None  # (repeats_left, repeat_intervals) before the first try to record its success
 
     def fail(self, exc: BaseException) -> None:
         self.error = (type(exc), exc, exc.__traceback__)

@@ -16,11 +16,13 @@ building blocks (Execution, Job, Result, the worker's handle_* methods):
 * failure: exception handlers, then what ``handle_job_failure`` writes (Retry honoured,
   FailedJobRegistry, failed Result), raising where RQ's logs a refused write (``failure``).
 
-Every write here is waited out while Redis refuses it (``BatchWorker.until_written``).
+Every write here is waited out while Redis refuses it (``RedisWaits.until_written``); a success or failure whose
+reply was lost is not applied again (``landing``).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING
 
@@ -34,6 +36,7 @@ from rq.worker import WorkerStatus
 from worker.rqbatch.failure import record_failure
 from worker.rqbatch.intake import uses_intermediate_queue
 from worker.rqbatch.jobs import Entry
+from worker.rqbatch.landing import Landed, Landing
 from worker.rqbatch.payload import latency_ms, rq_stream_id
 from worker.stream.records import result_fields
 
@@ -44,9 +47,10 @@ if TYPE_CHECKING:
 def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
     """Mark every job STARTED with its own Execution, as RQ does right before running a job.
 
-    Safe to call again after Redis refused it (``BatchWorker.until_written``): a refused MULTI/EXEC applies nothing,
+    Safe to call again after Redis refused it (``RedisWaits.until_written``): a refused MULTI/EXEC applies nothing,
     a try whose reply was lost may have; each try first removes the Executions of the one before, and a job's
-    Execution joins ``worker.executions`` only once its start is written."""
+    Execution joins ``worker.executions`` only once its start is written. A job leaving its intermediate list also
+    loses RQ's first sighting of it there: kept (24 h), a retried job listed again was failed as "stuck" at once."""
     drop_intermediate = uses_intermediate_queue(worker)
     with worker.connection.pipeline() as pipe:
         worker.heartbeat(max(ttl, worker.worker_ttl + 60), pipeline=pipe)
@@ -59,6 +63,7 @@ def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
             pipe.persist(e.job.key)
             if drop_intermediate:
                 pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
+                pipe.delete(e.queue.intermediate_queue.get_first_seen_key(e.job.id))
         worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
         pipe.execute()
     for e in entries:
@@ -82,54 +87,98 @@ def run_callbacks(worker: BaseWorker, entries: list[Entry]) -> None:
                 e.error = sys.exc_info()  # type: ignore[assignment]
 
 
-def succeed(worker: BaseWorker, entries: list[Entry], results_stream: str, results_maxlen: int, model: str) -> None:
+def succeed(
+    worker: BaseWorker, entries: list[Entry], results_stream: str, results_maxlen: int, model: str, landing: Landing
+) -> None:
     """Record the successful jobs not recorded yet (see module doc) and mirror each label to the results stream.
 
-    Safe to call again while Redis refuses part of it (``until_written``): a plain job's record and mirror are one
-    MULTI/EXEC; a slow job's mirror, after RQ's handle_job_success, is written by the next try if it was refused
-    (``Entry.mirrored``). Webhooks are not sent here but once all are written (``send_finished``): a try refused after
-    some jobs were recorded left theirs unsent."""
+    Safe to call again while Redis refuses part of it (``until_written``), with the same ``landing``: a plain job's
+    record and mirror are one MULTI/EXEC; a slow job's mirror, after RQ's handle_job_success, is written by the next
+    try if it was refused (``Entry.mirrored``); a try whose reply was lost is not sent again if it landed. Each try
+    starts from the repeat count each job had (RQ's Repeat.schedule counts down in memory before EXEC). Webhooks are
+    not sent here but once all are written (``send_finished``): a try refused after some jobs were recorded left
+    theirs unsent."""
+    landing.settle()
     todo = [e for e in entries if not e.recorded]
     for e in todo:
         e.job._result = e.result
         e.job._status = JobStatus.FINISHED
+        if e.repeats is None:
+            e.repeats = (e.job.repeats_left, e.job.repeat_intervals)
+        e.job.repeats_left, e.job.repeat_intervals = e.repeats
     plain: list[Entry] = []
     slow: list[Entry] = []
     for e in todo:
         (slow if e.job.has_rate_limit or e.job.repeats_left else plain).append(e)
     if plain:
-        conn = worker.connection
-        try:
-            with conn.pipeline() as tx:
-                tx.watch(*[e.job.dependents_key for e in plain])
-                with conn.pipeline(transaction=False) as check:  # after WATCH: a dependent added later aborts EXEC
-                    for e in plain:
-                        check.exists(e.job.dependents_key)
-                    has_dependents = check.execute()
-                slow += [e for e, dep in zip(plain, has_dependents) if dep]
-                plain = [e for e, dep in zip(plain, has_dependents) if not dep]
-                tx.multi()
-                for e in plain:
-                    _record_success(worker, e, tx)
-                    _mirror(worker, e, tx, results_stream, results_maxlen, model)
-                if plain:
-                    tx.execute()
-                for e in plain:
-                    e.recorded = e.mirrored = True
-        except redis.WatchError:
-            slow += plain
-            plain = []
+        slow += _record_plain(worker, plain, landing, results_stream, results_maxlen, model)
     for e in slow:
-        worker.handle_job_success(
-            job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution
-        )
-        e.recorded = True
+        _record_slow(worker, e, landing)
     for e in entries:
         if e.recorded and not e.mirrored:  # a slow one's, or one a refused try recorded but did not mirror
             with worker.connection.pipeline() as pipe:
+                landing.watch(pipe)
+                pipe.multi()
                 _mirror(worker, e, pipe, results_stream, results_maxlen, model)
-                pipe.execute()
-            e.mirrored = True
+                landing.execute(pipe, then=lambda e=e: setattr(e, "mirrored", True))
+
+
+def _record_plain(worker: BaseWorker, entries: list[Entry], landing: Landing, *mirror_args) -> list[Entry]:
+    """The jobs without dependents recorded and mirrored in one MULTI/EXEC; returns those with dependents (WATCHed
+    first, so one added meanwhile is seen)."""
+    conn = worker.connection
+    while True:
+        with conn.pipeline() as tx:
+            landing.watch(tx, *[e.job.dependents_key for e in entries])
+            with conn.pipeline(transaction=False) as check:  # after WATCH: a dependent added later aborts EXEC
+                for e in entries:
+                    check.exists(e.job.dependents_key)
+                has_dependents = check.execute()
+            plain = [e for e, dep in zip(entries, has_dependents) if not dep]
+            if not plain:
+                return entries
+            tx.multi()
+            for e in plain:
+                _record_success(worker, e, tx)
+                _mirror(worker, e, tx, *mirror_args)
+            try:
+                landing.execute(tx, then=functools.partial(_mark_recorded, plain))
+            except redis.WatchError:  # a dependent added, or the connection died after EXEC (redis-py says so)
+                if not landing.settle():
+                    continue  # not applied: again, reading the dependents afresh
+        return [e for e in entries if e not in plain]
+
+
+def _mark_recorded(entries: list[Entry]) -> None:
+    for e in entries:
+        e.recorded = e.mirrored = True
+
+
+def _record_slow(worker: BaseWorker, e: Entry, landing: Landing) -> None:
+    """RQ's own handle_job_success (dependents, repeats, rate limits), its transaction carrying this try's token
+    (``BatchWorker.cleanup_execution``): RQ sends it again itself on a WatchError, which is also how redis-py
+    reports a reply lost with the connection, and that try is not applied again if the lost one landed. What RQ
+    does after EXEC is then done here: the rate-limit slot freed, the dependents it made ready enqueued."""
+
+    def landed() -> None:
+        e.recorded = True
+        worker._release_slot_safely(e.job)
+        try:  # as RQ's maintenance recovers them; none is enqueued twice
+            e.queue.ready_job_registry.cleanup()
+        except Exception:  # noqa: BLE001 - left to RQ's maintenance, as RQ leaves a refused enqueue of them
+            worker.log.exception("Worker %s: failed to enqueue the ready dependents of job %s", worker.name, e.job.id)
+
+    worker.slow_landing = (landing, landed)
+    try:
+        worker.handle_job_success(
+            job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution
+        )
+    except Landed:
+        return
+    finally:
+        worker.slow_landing = None
+    landing.forget()
+    e.recorded = True
 
 
 def send_finished(entries: list[Entry]) -> None:
@@ -189,5 +238,5 @@ def fail(worker: BaseWorker, e: Entry) -> None:
     assert exc_info is not None
     job._status = JobStatus.FAILED
     worker.handle_exception(job, *exc_info)
-    retries_left = job.retries_left
-    worker.until_written(lambda: record_failure(worker, e, retries_left), op="rq_fail")
+    retries_left, landing = job.retries_left, Landing(worker)
+    worker.until_written(lambda: record_failure(worker, e, retries_left, landing), op="rq_fail")

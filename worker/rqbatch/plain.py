@@ -10,7 +10,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worker.rqbatch.payload import job_result, latency_ms, rq_stream_id, ticket_text
+from worker.rqbatch.payload import job_result, latency_ms, rq_stream_id, ticket_arg, ticket_text
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,6 +31,7 @@ def classify_one(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, An
     from worker.engine.types import InvalidTicket
     from worker.stream.records import result_fields
 
+    ticket_arg(args, kwargs)  # arguments that cannot be a ticket fail before the model loads
     settings, clf = engine()
     text = ticket_text(args, kwargs, settings.max_text_bytes)
     item = clf.prepare([text])[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import redis
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue
@@ -20,6 +21,7 @@ from rq.queue import Queue
 from worker.logs import get_logger
 from worker.rqbatch.failure import record_failure
 from worker.rqbatch.jobs import Entry
+from worker.rqbatch.landing import Landing
 from worker.rqbatch.payload import InvalidJob
 
 if TYPE_CHECKING:
@@ -69,16 +71,19 @@ def reason(raw: dict, bad: dict[bytes, BaseException]) -> str:
 def fail_if_unreadable(worker: BaseWorker, job_id: str, queue: Queue, raw: dict | None = None) -> bool:
     """Fail the job ``job_id`` taken from ``queue`` if RQ cannot read its hash (``raw``, read here if not given).
 
-    True if it was failed here (or is gone), False if it reads. Waits out a Redis that refuses the write, so the
-    job stays listed until its failure is saved."""
+    True if it was failed (here or by another worker) or is gone, False if it reads. Waits out a Redis that
+    refuses it, so the job stays listed until its failure is saved; a worker that meets the same job meanwhile (its
+    fill, another's maintenance) finds the fields gone, under WATCH, and fails it no second time."""
     job = worker.job_class(job_id, connection=worker.connection, serializer=worker.serializer)
-    raw = worker.connection.hgetall(job.key) if raw is None else raw
+    if raw is None:
+        raw = worker.until_written(lambda: worker.connection.hgetall(job.key), op="rq_fill")
     try:
         bad = unreadable_fields(job, raw) if raw else {}
     except NoSuchJobError:
         raw = {}
     if not raw:  # deleted after it was queued: RQ skips it too; only the intermediate list keeps its id
-        worker.connection.lrem(queue.intermediate_queue_key, 0, job_id)
+        first_seen = queue.intermediate_queue.get_first_seen_key(job_id)
+        worker.until_written(lambda: _unlist(worker, queue, job_id, first_seen), op="rq_fill")
         return True
     if not bad:
         return False
@@ -87,9 +92,22 @@ def fail_if_unreadable(worker: BaseWorker, job_id: str, queue: Queue, raw: dict 
     log.error("rq_job_unreadable", job_id=job_id, queue=queue.name, fields=fields)
     entry = Entry(job=job, queue=queue)
     entry.fail(InvalidJob(reason(raw, bad)))
-    drop = lambda pipe: pipe.hdel(job.key, *bad)  # noqa: E731 - first: the writes after it set fields again
-    worker.until_written(lambda: record_failure(worker, entry, None, retry=False, before=drop), op="rq_fail")
-    return True
+    landing = Landing(worker)
+    while True:
+        try:
+            worker.until_written(
+                lambda: record_failure(worker, entry, None, landing, retry=False, drop=list(bad)), op="rq_fail"
+            )
+            return True
+        except redis.WatchError:  # its hash changed (another worker failing it?), or the connection died: again
+            continue
+
+
+def _unlist(worker: BaseWorker, queue: Queue, job_id: str, first_seen: str) -> None:
+    with worker.connection.pipeline() as pipe:
+        pipe.lrem(queue.intermediate_queue_key, 0, job_id)
+        pipe.delete(first_seen)
+        pipe.execute()
 
 
 def fail_listed(worker: BaseWorker, queue: Queue) -> None:

@@ -72,7 +72,9 @@ class RedisWaits(BaseWorker):
         """``record()`` again while Redis refuses writes it will take later; its result. Raised, RQ's worker quit:
         jobs taken but not started stayed in the intermediate list until RQ's cleanup failed them as stuck; started
         ones until its registry cleanup failed them as abandoned (a failure callback then ran twice). ``record`` must
-        be safe to call again: a refused MULTI/EXEC applies nothing. A second signal (cold stop) still ends it."""
+        be safe to call again: a refused MULTI/EXEC (an error reply) applies nothing; one whose reply was lost (the
+        connection dropped) may have been applied, and is checked first (``landing``). A second signal (cold stop)
+        still ends it."""
         wait = RedisWait(self, op)
         while True:
             try:

@@ -26,9 +26,11 @@ from __future__ import annotations
 import logging
 import time
 
+from rq import worker_registration
 from rq.job import Job
 from rq.job_lifecycle import call_exception_handlers
 from rq.queue import Queue
+from rq.registry import clean_registries
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.utils import ensure_job_list, now
@@ -39,8 +41,10 @@ from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT
 from worker.rqbatch import intake, outcome, unreadable
 from worker.rqbatch.heartbeat import BatchHeartbeat
 from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
+from worker.rqbatch.landing import Landed, Landing
 from worker.rqbatch.payload import latency_ms
 from worker.rqbatch.waits import RedisWaits
+from worker.stream.connection import is_passing
 
 _RQ_HANDLER_LOGGERS = ("rq.worker", "rq.job", "rq.queue")
 
@@ -59,6 +63,7 @@ class BatchWorker(RedisWaits):
         self.tlog = None
         self.allowed_callbacks: frozenset[str] = frozenset()
         self._jobs_left: int | None = None
+        self.slow_landing = None  # (Landing, landed) while RQ's handle_job_success records a batch's job
 
     # ------------------------------------------------------------ start-up
     def work(self, *args, **kwargs) -> bool:
@@ -130,7 +135,9 @@ class BatchWorker(RedisWaits):
     # ---------------------------------------------------------- RQ's intake
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """RQ's (a refusing Redis waited out: ``waits``), failing each job whose hash RQ cannot read (``unreadable``)
-        and dequeuing again: RQ's dequeue raises on one (it attaches the job id and queue), and its work loop quits."""
+        and dequeuing again: RQ's dequeue raises on one (it attaches the job id and queue), and its work loop quits.
+        It attaches them to any error reading the popped job: one that passes by itself (BUSY) is waited out and the
+        job read again, not failed (serving several queues, RQ popped it from no intermediate list: it was lost)."""
         while True:
             try:
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
@@ -138,15 +145,53 @@ class BatchWorker(RedisWaits):
                 job_id, queue = getattr(e, "job_id", None), getattr(e, "queue", None)
                 if job_id is None or not isinstance(queue, Queue):
                     raise
-                if not unreadable.fail_if_unreadable(self, job_id, queue):
+                if is_passing(e):
+                    popped = self._read_popped(job_id, queue)
+                    if popped is not None:
+                        return popped
+                elif not unreadable.fail_if_unreadable(self, job_id, queue):
                     raise
 
+    def _read_popped(self, job_id: str, queue: Queue) -> tuple[Job, Queue] | None:
+        """The job RQ popped, read once Redis answers, with RQ's steps after its dequeue; None if it is gone or
+        unreadable (then failed)."""
+        raw = self.until_written(lambda: self.connection.hgetall(self.job_class.key_for(job_id)), op="rq_dequeue")
+        if unreadable.fail_if_unreadable(self, job_id, queue, raw):
+            return None
+        job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+        job.restore(raw)
+        job.redis_server_version = self.get_redis_server_version()
+        self.reorder_queues(reference_queue=queue)
+        self.heartbeat()
+        return job, queue
+
     def clean_registries(self) -> None:
-        """RQ's, once the unreadable jobs of the intermediate lists are failed: its cleanup of them raises on one,
-        at every maintenance run (every worker start would quit)."""
+        """RQ 3's own (``BaseWorker.clean_registries``), the unreadable jobs of each intermediate list failed first,
+        under the queue's maintenance lock: RQ's cleanup of them raises on one, at every maintenance run (every
+        worker start would quit), and two workers failing the same job outside the lock saved two failures. The lock
+        is released however the run ends: a refusal waited out (``run_maintenance_tasks``) runs it again, where a
+        lock left held skipped the queue's maintenance for 15 minutes."""
         for queue in self.queues:
-            unreadable.fail_listed(self, queue)
-        super().clean_registries()
+            if queue.acquire_maintenance_lock():
+                try:
+                    self.log.info("Worker %s: cleaning registries for queue: %s", self.name, queue.name)
+                    unreadable.fail_listed(self, queue)
+                    clean_registries(queue, self._exc_handlers)
+                    worker_registration.clean_worker_registry(queue)
+                    queue.intermediate_queue.cleanup(self, queue)
+                finally:
+                    self.until_written(queue.release_maintenance_lock, op="rq_dequeue")
+        self.last_cleaned_at = now()
+
+    def cleanup_execution(self, job: Job, pipeline, execution=None) -> None:
+        """RQ's. Within RQ's handle_job_success for a batch's job (``outcome._record_slow``), first: was the last
+        try whose reply was lost applied (then ``Landed``, nothing sent again), and this try's token (``landing``)."""
+        if self.slow_landing is not None:
+            landing, landed = self.slow_landing
+            if landing.settle():
+                raise Landed(job.id)
+            landing.mark(pipeline, then=landed)
+        super().cleanup_execution(job, pipeline, execution)
 
     # -------------------------------------------------------------- a batch
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -195,11 +240,9 @@ class BatchWorker(RedisWaits):
                 for e in accepted:
                     e.job.ended_at = ended
                 outcome.run_callbacks(self, accepted)
-                ok = [e for e in accepted if e.error is None]
+                ok, landing, s = [e for e in accepted if e.error is None], Landing(self), self.settings
                 self.until_written(
-                    lambda: outcome.succeed(
-                        self, ok, self.settings.results_stream, self.settings.results_maxlen, self.clf.model_name
-                    )
+                    lambda: outcome.succeed(self, ok, s.results_stream, s.results_maxlen, self.clf.model_name, landing)
                 )
                 outcome.send_finished(ok)  # once all are written: a retry writes only what a refused try had not
                 for e in accepted:
