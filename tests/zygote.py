@@ -1,5 +1,5 @@
 """A fork server for worker processes: import torch/transformers/worker once, then fork a
-fresh ``python -m worker <args>`` equivalent per request.
+fresh ``python -m worker <args>`` (or ``rq <args>``: the RQ batch worker) equivalent per request.
 
 Why: the integration tests start dozens of workers; each cold start spends ~7 of its ~9 s of
 CPU (2-core box) importing torch and transformers, the largest single cost of the suite.
@@ -69,10 +69,17 @@ def _child(env: dict, args: list[str], cwd: str, out_fd: int, err_fd: int, sock:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        sys.argv = ["worker", *args]
-        from worker.cli import main
+        if args[:1] == ["rq"]:  # RQ's own CLI (`rq worker --worker-class worker.rqbatch.BatchWorker ...`)
+            from rq.cli import main as rq_main
 
-        code = int(main(args) or 0)
+            sys.argv = list(args)
+            rq_main(args=args[1:], prog_name="rq")  # click: exits with the command's code
+            code = 0
+        else:
+            sys.argv = ["worker", *args]
+            from worker.cli import main
+
+            code = int(main(args) or 0)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # noqa: BLE001 - what the interpreter does: the excepthook main installed, exit 1
@@ -210,9 +217,15 @@ class Zygote:
                     self.codes[msg["exited"]] = msg["code"]
                 self.cond.notify_all()
 
-    def spawn(self, env: dict[str, str], args: list[str], timeout_s: float = 60) -> ForkedProcess:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+    def spawn(self, env: dict[str, str], args: list[str], timeout_s: float = 60, output=None) -> ForkedProcess:
+        """Fork ``python -m worker <args>`` (or ``rq <args[1:]>`` when args[0] is "rq"); its stdout and stderr are
+        pipes, or both go to ``output`` (an open file) when given."""
+        if output is not None:
+            out_r = err_r = None
+            out_w, err_w = os.dup(output.fileno()), os.dup(output.fileno())
+        else:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
         with self._send_lock:
             self._n += 1
             n = self._n
@@ -224,6 +237,8 @@ class Zygote:
             if not self.cond.wait_for(lambda: n in self.spawned, timeout_s):
                 raise RuntimeError("the worker fork server did not answer")
             pid = self.spawned.pop(n)
+        if out_r is None:
+            return ForkedProcess(self, pid, None, None)
         stdout = os.fdopen(out_r, "r", encoding="utf-8", errors="replace")
         stderr = os.fdopen(err_r, "r", encoding="utf-8", errors="replace")
         return ForkedProcess(self, pid, stdout, stderr)

@@ -26,6 +26,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
+from tests import zygote
 from tests.metrics_scrape import scrape
 from worker import rq_jobs
 from worker.bench.redis_mode import log_events
@@ -185,11 +186,17 @@ def _delete_rq_keys(h, key_prefix: str) -> None:
 
 @contextmanager
 def _running(h, *flags: str, worker_class: str = "worker.rqbatch.BatchWorker", **env: str) -> Iterator[Popen]:
-    """An ``rq worker`` process (logging to ``h.log``) for the block; killed at its end if still running."""
-    cmd = [RQ_CLI, "worker", "--worker-class", worker_class, "--serializer", "rq.serializers.JSONSerializer"]
-    cmd += ["--url", h.url, "--name", h.worker_name, *flags, h.queue.name]
+    """An ``rq worker`` process (logging to ``h.log``) for the block; killed at its end if still running. Forked from
+    the suite's fork server when that is indistinguishable from a fresh ``rq`` (``tests.zygote``): the interpreter's
+    torch import is most of a start."""
+    args = ["worker", "--worker-class", worker_class, "--serializer", "rq.serializers.JSONSerializer"]
+    args += ["--url", h.url, "--name", h.worker_name, *flags, h.queue.name]
+    run_env = {**h.env, **env}
     with open(h.log, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**h.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        if zygote.forkable(run_env):
+            proc = zygote.shared().spawn(run_env, ["rq", *args], output=log)
+        else:
+            proc = subprocess.Popen([RQ_CLI, *args], cwd=REPO, env=run_env, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
