@@ -29,6 +29,7 @@ from rq.job import Job
 from rq.queue import Queue
 
 from worker.rqbatch import unreadable
+from worker.rqbatch.jobs import job_hashes
 from worker.stream.connection import is_passing
 
 if TYPE_CHECKING:
@@ -105,14 +106,7 @@ def fetch_jobs(worker: BaseWorker, job_ids: list[str], queue: Queue) -> list[Job
     intermediate list: RQ's cleanup of it raises on an unreadable job. The jobs are taken: read until Redis answers."""
     if not job_ids:
         return []
-
-    def read() -> list:
-        with worker.connection.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hgetall(worker.job_class.key_for(job_id))
-            return pipe.execute()
-
-    raws = worker.until_written(read, op="rq_fill")
+    raws = worker.until_written(lambda: job_hashes(worker, job_ids), op="rq_fill")
     jobs = []
     for job_id, raw in zip(job_ids, raws):
         job = worker.job_class(job_id, connection=worker.connection, serializer=worker.serializer)

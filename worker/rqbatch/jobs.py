@@ -50,6 +50,14 @@ class Entry:
         self.error = (type(exc), exc, exc.__traceback__)
 
 
+def job_hashes(worker, job_ids: list[str]) -> list[dict]:
+    """The raw hashes (HGETALL) of ``job_ids``, in one round trip; {} for a job that is gone."""
+    with worker.connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hgetall(worker.job_class.key_for(job_id))
+        return pipe.execute()
+
+
 def parse_allowed(spec: str | None) -> frozenset[str]:
     """``TRIAGE_RQ_ALLOWED_CALLBACKS`` ("a.b.f, c.d.g") as a set of dotted paths."""
     return frozenset(x.strip() for x in (spec or "").split(",") if x.strip())

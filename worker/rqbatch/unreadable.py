@@ -20,7 +20,7 @@ from rq.queue import Queue
 
 from worker.logs import get_logger
 from worker.rqbatch.failure import record_failure
-from worker.rqbatch.jobs import Entry
+from worker.rqbatch.jobs import Entry, job_hashes
 from worker.rqbatch.landing import Landing
 from worker.rqbatch.payload import InvalidJob
 
@@ -115,10 +115,6 @@ def fail_listed(worker: BaseWorker, queue: Queue) -> None:
     ids = [i.decode() for i in worker.connection.lrange(queue.intermediate_queue_key, 0, -1)]
     if not ids:
         return
-    with worker.connection.pipeline(transaction=False) as pipe:
-        for job_id in ids:
-            pipe.hgetall(worker.job_class.key_for(job_id))
-        raws = pipe.execute()
-    for job_id, raw in zip(ids, raws):
+    for job_id, raw in zip(ids, job_hashes(worker, ids)):
         if raw:  # one with no hash RQ's cleanup removes by itself
             fail_if_unreadable(worker, job_id, queue, raw)
