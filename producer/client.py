@@ -364,7 +364,7 @@ def _entry_after(a: str | None, b: str | None) -> bool:
 class _SupersededScan:
     """Find results of submissions the result key cannot answer (it answers a later send of the id, or
     it expired) in the results and dead-letter streams: every record for an input entry is written
-    after that entry, so reading from the earliest such entry id onwards sees them all (unless trimmed)."""
+    after that entry, so reading from the earliest such entry's millisecond onwards sees them all (unless trimmed)."""
 
     PAGE = 1000
 
@@ -378,11 +378,15 @@ class _SupersededScan:
         if stream_id in self.wanted:
             return
         self.wanted[stream_id] = ticket_id
+        # from the start of the entry's millisecond: another stream's ids restart their sequence each millisecond,
+        # so a record written in that same millisecond may have a lower id than the entry (it was missed)
+        ms = (_entry_id(stream_id) or (0, 0))[0]
+        start = f"{ms - 1}-{2**64 - 1}" if ms > 0 else "0-0"
         s = self.client.settings
         for name in (s.results_stream, s.dead_letter_stream):
             cur = self.cursors.get(name)
-            if cur is None or _entry_after(cur, stream_id):
-                self.cursors[name] = stream_id  # (re)start from the earliest wanted entry
+            if cur is None or _entry_after(cur, start):
+                self.cursors[name] = start  # (re)start from the earliest wanted entry
 
     def found(self) -> dict[str, Result]:
         open_ids = {sid for sid, tid in self.wanted.items() if tid not in self.hits}

@@ -565,6 +565,24 @@ def test_wait_finds_a_finished_submission_whose_result_key_expired(client, r, se
     assert "E-3" not in got  # delivered, still pending: nothing to find yet
 
 
+def test_wait_finds_an_expired_result_written_in_the_same_millisecond_as_its_entry(client, r, settings):
+    """Each stream numbers its own ids: a result written in its entry's millisecond can have a lower sequence than
+    the entry (results ``5000-0`` for input ``5000-3``). The stream lookup read from after the entry's id and missed
+    it (a flaky CI run of the test above, whose submit and write fell in one millisecond)."""
+    r.xgroup_create(settings.input_stream, GROUP, id="0", mkstream=True)
+    entry = r.xadd(settings.input_stream, {"id": "E-9", "text": "refund"}, id="5000-3")
+    r.xreadgroup(GROUP, "w", {settings.input_stream: ">"})
+    r.xack(settings.input_stream, GROUP, entry)  # finished, its key expired long ago
+    pred = Prediction(label="billing", scores={"billing": 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    r.xadd(
+        settings.results_stream,
+        result_fields("E-9", pred, latency_ms=1.0, model="m", worker="w", stream_id=entry),
+        id="5000-0",
+    )
+    got = client.wait([Submitted("E-9", entry)], timeout_s=0.5)
+    assert got["E-9"].label == "billing" and got["E-9"].fields["stream_id"] == entry
+
+
 def test_cli_wait_from_the_ids_file_of_send(client, r, settings, tmp_path, monkeypatch, redis_url):
     main = cli_main
     for k, v in {
