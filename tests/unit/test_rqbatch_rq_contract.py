@@ -68,3 +68,15 @@ def test_the_plain_path_refuses_bad_arguments_before_loading_the_model(monkeypat
     for args, kwargs in [((), {"tikcet": "hello"}), (("a", "b"), {}), ((), {})]:
         with pytest.raises(InvalidJob):
             plain.classify_one(args, kwargs)
+
+
+def test_the_start_finds_a_registration_whose_reply_was_lost_by_the_birth_date_rq_writes():
+    """``RedisWaits._birth_landed`` knows its own registration by the birth date RQ's register_birth sets on the worker
+    before its transaction and writes as ``birth``: an RQ that sets it later, or names it otherwise, must fail here."""
+    from rq.utils import now, utcformat
+
+    source = inspect.getsource(BaseWorker.register_birth)
+    assert source.index("self.birth_date =") < source.index(".execute()")
+    worker = _worker()
+    worker.birth_date = worker.last_heartbeat = now()
+    assert worker.serialize()["birth"] == utcformat(worker.birth_date)

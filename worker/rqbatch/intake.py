@@ -107,6 +107,7 @@ def fetch_jobs(worker: BaseWorker, job_ids: list[str], queue: Queue) -> list[Job
     if not job_ids:
         return []
     raws = worker.until_written(lambda: job_hashes(worker, job_ids), op="rq_fill")
+    listed = uses_intermediate_queue(worker)  # drain's LMOVE: else an LPOP, in no list
     jobs = []
     for job_id, raw in zip(job_ids, raws):
         job = worker.job_class(job_id, connection=worker.connection, serializer=worker.serializer)
@@ -115,7 +116,7 @@ def fetch_jobs(worker: BaseWorker, job_ids: list[str], queue: Queue) -> list[Job
                 raise NoSuchJobError(job_id)
             job.restore(raw)
         except Exception:  # deleted after it was queued, or a hash RQ cannot read: not a job of the batch
-            unreadable.fail_if_unreadable(worker, job_id, queue, raw)
+            unreadable.fail_if_unreadable(worker, job_id, queue, raw, listed=listed)
             continue
         jobs.append(job)
     return jobs

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import redis
 from rq.exceptions import DeserializationError
 from rq.job import Job
 from rq.queue import Queue
@@ -50,12 +51,22 @@ class Entry:
         self.error = (type(exc), exc, exc.__traceback__)
 
 
-def job_hashes(worker, job_ids: list[str]) -> list[dict]:
-    """The raw hashes (HGETALL) of ``job_ids``, in one round trip; {} for a job that is gone."""
+def job_hashes(worker, job_ids: list[str]) -> list[dict | redis.ResponseError]:
+    """The raw hashes (HGETALL) of ``job_ids``, in one round trip; {} for a job that is gone, the error for a job key
+    that is not a hash (``not_a_hash``: raised, one such job made every read of its batch raise)."""
     with worker.connection.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hgetall(worker.job_class.key_for(job_id))
-        return pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and not not_a_hash(reply):
+            raise reply
+    return replies
+
+
+def not_a_hash(reply: object) -> bool:
+    """Whether ``reply`` is Redis' answer to HGETALL on a key of another type."""
+    return isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE")
 
 
 def parse_allowed(spec: str | None) -> frozenset[str]:

@@ -3,7 +3,8 @@
 Each step mirrors what RQ's ``BaseWorker`` does for one job, using RQ's own
 building blocks (Execution, Job, Result, the worker's handle_* methods):
 
-* refused: a job check_job refused is failed BEFORE the batch starts, never STARTED: RQ's
+* refused: a job check_job refused is never STARTED, and is failed before the batch's pass (once the
+  others are started: its failure callback does not hold them in the intermediate list): RQ's
   registry cleanup (in any process) runs the failure callback of a STARTED job it finds
   abandoned, and a refused job's callbacks must never be imported or run anywhere;
 * start: ``prepare_execution`` + ``prepare_job_execution`` for every accepted job, one pipeline
@@ -219,7 +220,7 @@ def _mirror(worker: BaseWorker, e: Entry, pipe, stream: str, maxlen: int, model:
 
 
 def fail_unstarted(worker: BaseWorker, entries: list[Entry]) -> None:
-    """Fail the jobs check_job rejected, before anything of the batch is STARTED.
+    """Fail the jobs check_job rejected, never STARTED (the batch's others may be: ``run_batch``).
 
     They never get an Execution, a StartedJobRegistry entry or the STARTED status, so no
     registry cleanup (here or in another worker, after a crash) can find one "abandoned" and

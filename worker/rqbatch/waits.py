@@ -12,16 +12,23 @@ before ``BaseWorker``:
 * the worker's presence writes outside a pipeline (its state field, a heartbeat, the shutdown date) are skipped when
   refused: RQ reads the state in memory, they are written again soon (the batch's start, the next dequeue), and the
   operation that meets the refusal next logs it. Raised, they ended the loop with a job in hand;
-* a stop whose register_death is refused is logged and still exits 0: the worker's key expires by itself.
+* a stop whose register_death is refused is logged and still exits 0: the worker's key expires by itself;
+* the start's ``register_birth``, right after the model loads, is waited out too (op ``rq_birth``): raised, ``rq
+  worker`` exited 1 and a supervisor's restart loaded the model again. RQ installs its signal handlers only after
+  the start, so a SIGTERM then killed the process: during this wait a warm stop ends the start, exit 0.
+  ``rq worker``'s own suspension check, before the worker class is even made, is RQ's CLI (docs/rq.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import signal
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from rq.utils import utcformat
 from rq.worker import BaseWorker
 
 from worker.stream.connection import Backoff, is_passing
@@ -37,12 +44,13 @@ class RedisWait:
         self.worker, self.op = worker, op
         self.backoff: Backoff | None = None
 
-    def failed(self, e: BaseException) -> None:
-        """Log the refusal ``e`` and sleep the next delay; raises ``e`` if it does not pass by itself."""
+    def failed(self, e: BaseException, stop: threading.Event | None = None) -> None:
+        """Log the refusal ``e`` and sleep the next delay (cut short once ``stop`` is set); raises ``e`` if it does not
+        pass by itself."""
         if not is_passing(e):
             raise e
         self.backoff = self.backoff or Backoff(self.worker.settings.reconnect_max_s)
-        delay = self.backoff.failed(None)  # a signal's handler still runs (a warm stop raises StopRequested here)
+        delay = self.backoff.failed(stop)  # a signal's handler still runs (a warm stop raises StopRequested here)
         self.worker.tlog.warning(
             "redis_unavailable",
             op=self.op,
@@ -55,6 +63,25 @@ class RedisWait:
         if self.backoff is not None:
             self.worker.tlog.info("redis_reconnected", op=self.op, attempts=self.backoff.attempt)
             self.backoff = None
+
+
+class StopBeforeStart(Exception):
+    """A warm stop while the start waited for Redis to take the worker's registration: it never registered."""
+
+
+def _stop_signals_set(stop: threading.Event) -> Callable[[], None]:
+    """Until the returned undo: SIGINT/SIGTERM set ``stop``, a second one exits at once (RQ's cold stop). Only a flag:
+    raised in the middle of a registration, a stop could leave it applied with no death registered."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def requested(signum, frame) -> None:
+        if stop.is_set():
+            raise SystemExit()
+        stop.set()
+
+    previous = {s: signal.signal(s, requested) for s in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
 
 def _skipped_if_refused(write: Callable[[], object]) -> None:
@@ -84,6 +111,43 @@ class RedisWaits(BaseWorker):
                 continue
             wait.passed()
             return out
+
+    def work(self, *args, **kwargs) -> bool:
+        try:
+            return super().work(*args, **kwargs)
+        except StopBeforeStart:  # raised by register_birth, before RQ's loop (and its teardown) ran
+            self.log.info("Worker %s: stopping on request before it started", self.name)
+            return False
+
+    def register_birth(self) -> None:
+        """RQ's, tried again while Redis refuses it (see the module doc); raises StopBeforeStart on a warm stop. A try
+        whose reply was lost may have registered the worker: RQ's own check would take that for another live worker
+        of this name (exit 1), so its birth date is looked for first."""
+        stop = threading.Event()
+        undo = _stop_signals_set(stop)
+        wait = RedisWait(self, "rq_birth")
+        try:
+            while not stop.is_set():
+                try:
+                    if wait.backoff is None or not self._birth_landed():
+                        super().register_birth()
+                except Exception as e:  # noqa: BLE001 - failed() raises what does not pass by itself
+                    wait.failed(e, stop)
+                    continue
+                wait.passed()
+                if stop.is_set():  # during the try that went through: RQ's loop ends at its first check
+                    self._stop_requested = True
+                return
+        finally:
+            undo()
+        self.handle_warm_shutdown_request()
+        raise StopBeforeStart
+
+    def _birth_landed(self) -> bool:
+        if self.birth_date is None:
+            return False
+        birth, death = self.connection.hmget(self.key, "birth", "death")
+        return death is None and birth == utcformat(self.birth_date).encode()
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """RQ's, tried again after a refusal RQ's loop does not retry: it raised before a job was taken (a job RQ

@@ -40,7 +40,7 @@ from worker.engine.types import RunStats
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.rqbatch import intake, outcome, unreadable
 from worker.rqbatch.heartbeat import BatchHeartbeat
-from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, parse_allowed
+from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, job_hashes, parse_allowed
 from worker.rqbatch.landing import Landed, Landing
 from worker.rqbatch.payload import latency_ms
 from worker.rqbatch.waits import RedisWaits
@@ -149,14 +149,18 @@ class BatchWorker(RedisWaits):
                     popped = self._read_popped(job_id, queue)
                     if popped is not None:
                         return popped
-                elif not unreadable.fail_if_unreadable(self, job_id, queue):
+                elif not unreadable.fail_if_unreadable(self, job_id, queue, listed=self._popped_listed()):
                     raise
+
+    def _popped_listed(self) -> bool:
+        """Whether RQ's dequeue moved the job into its intermediate list (one queue, Redis >= 6.2: its own rule)."""
+        return len(self.queues) == 1 and intake.uses_intermediate_queue(self)
 
     def _read_popped(self, job_id: str, queue: Queue) -> tuple[Job, Queue] | None:
         """The job RQ popped, read once Redis answers, with RQ's steps after its dequeue; None if it is gone or
         unreadable (then failed)."""
-        raw = self.until_written(lambda: self.connection.hgetall(self.job_class.key_for(job_id)), op="rq_dequeue")
-        if unreadable.fail_if_unreadable(self, job_id, queue, raw):
+        raw = self.until_written(lambda: job_hashes(self, [job_id])[0], op="rq_dequeue")
+        if unreadable.fail_if_unreadable(self, job_id, queue, raw, listed=self._popped_listed()):
             return None
         job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
         job.restore(raw)
@@ -166,8 +170,9 @@ class BatchWorker(RedisWaits):
         return job, queue
 
     def clean_registries(self) -> None:
-        """RQ 3's own (``BaseWorker.clean_registries``), the unreadable jobs of each intermediate list failed first,
-        under the queue's maintenance lock: RQ's cleanup of them raises on one, at every maintenance run (every
+        """RQ 3's own (``BaseWorker.clean_registries``), the unreadable jobs of each intermediate list and the abandoned
+        ones of its started registry failed first, under the queue's maintenance lock: RQ's cleanup of them raises on
+        one, at every maintenance run (every
         worker start would quit), and two workers failing the same job outside the lock saved two failures. The lock
         is released however the run ends: a refusal waited out (``run_maintenance_tasks``) runs it again, where a
         lock left held skipped the queue's maintenance for 15 minutes."""
@@ -176,6 +181,7 @@ class BatchWorker(RedisWaits):
                 try:
                     self.log.info("Worker %s: cleaning registries for queue: %s", self.name, queue.name)
                     unreadable.fail_listed(self, queue)
+                    unreadable.fail_abandoned(self, queue)
                     clean_registries(queue, self._exc_handlers)
                     worker_registration.clean_worker_registry(queue)
                     queue.intermediate_queue.cleanup(self, queue)
@@ -221,18 +227,23 @@ class BatchWorker(RedisWaits):
         t0 = time.perf_counter()
         for e in entries:  # before anything is recorded: pure checks, nothing of the job runs
             check_job(e, self.settings.max_text_bytes, self.allowed_callbacks)
-        # refused jobs fail before any job is STARTED: a crash in the pass cannot leave them "abandoned"
-        outcome.fail_unstarted(self, [e for e in entries if e.error is not None])
+        refused = [e for e in entries if e.error is not None]
         accepted = [e for e in entries if e.error is None]
         stats, split_retries = RunStats(), 0
         ok: list[Entry] = []
-        if accepted:
+        if not accepted:
+            outcome.fail_unstarted(self, refused)
+        else:
             ttl = self.get_heartbeat_ttl(accepted[0].job)
             self.until_written(lambda: outcome.start(self, accepted, ttl), op="rq_start")
             # until every job is recorded: finished jobs' webhooks (up to 10 s each to an endpoint that does not
             # answer) must not let the failed ones' executions expire, or any worker's registry cleanup would fail
             # them a second time; its beats show a stop requested mid-pass
             with BatchHeartbeat(self, accepted, on_beat=self._show_stop):
+                # refused jobs are never STARTED (no cleanup can find one "abandoned" and run its callback), and are
+                # failed before the pass; after the start, their failure callbacks (60 s each at most) no longer
+                # hold the accepted jobs in the intermediate list, where RQ's cleanup fails a job after a minute
+                outcome.fail_unstarted(self, refused)
                 self._set_phase("inferring")
                 stats, split_retries = self._classify(accepted)
                 self._set_phase("writing")
