@@ -68,7 +68,8 @@ def _print_json(obj) -> None:
 
 # ----------------------------------------------------------------- commands
 def cmd_send(args) -> int:
-    rows = _read_rows(args.file, args.limit)
+    numbered = _read_rows(args.file, args.limit)
+    rows = [row for _, row in numbered]
     from producer.client import BacklogFull, InvalidTicket
 
     client = _client(args)
@@ -76,7 +77,9 @@ def cmd_send(args) -> int:
         try:
             sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
         except InvalidTicket as e:  # the rows are checked before the first chunk goes: nothing was sent
-            raise BadInput(f"{args.file}: row {e.index + 1}: {e.reason}; nothing was sent") from None
+            line = numbered[e.index][0]  # the line an editor shows, not the row's position (blank lines, CSV quotes)
+            where = f"{args.file}:{line}: ticket {e.index + 1} of the file"
+            raise BadInput(f"{where}: {e.reason}; nothing was sent") from None
         except (BacklogFull, redis.RedisError, KeyboardInterrupt) as e:  # what did go, to resume after (main reports)
             if getattr(e, "submitted", None):  # none: an earlier file stays as it was
                 _write_ids(ids_out, e.submitted)
@@ -88,15 +91,15 @@ def cmd_send(args) -> int:
     return EXIT_OK
 
 
-def _read_rows(path: str, limit: int | None) -> list[dict]:
-    """The file's tickets, or ``BadInput`` (exit 2) for what ended in a traceback: a file that is not UTF-8 (a
-    Latin-1 export), a CSV field over the csv module's size limit."""
+def _read_rows(path: str, limit: int | None) -> list[tuple[int, dict]]:
+    """The file's tickets with the line each starts on, or ``BadInput`` (exit 2) for what ended in a traceback: a
+    file that is not UTF-8 (a Latin-1 export), a CSV field over the csv module's size limit."""
     import csv
 
-    from worker.ticket_files import TicketFileError, read_tickets
+    from worker.ticket_files import TicketFileError, read_numbered
 
     try:
-        return read_tickets(path, limit=limit)
+        return read_numbered(path, limit=limit)
     except (OSError, TicketFileError) as e:
         raise BadInput(str(e)) from None
     except UnicodeDecodeError as e:
@@ -147,12 +150,12 @@ def cmd_synth(args) -> int:
 def cmd_results(args) -> int:
     client = _client(args)
     if not args.follow:
-        for r in client.recent_results(args.count or 20):
+        for r in client.recent_results(args.count or 20, dead_letters=args.dead_letters):
             _print_json(r.to_dict())
         return EXIT_OK
     printed = 0
     try:
-        for r in client.follow_results(since=args.since):
+        for r in client.follow_results(since=args.since, dead_letters=args.dead_letters):
             _print_json(r.to_dict())
             printed += 1
             if args.count and printed >= args.count:
@@ -243,6 +246,19 @@ def _at_least(floor: int):
     return parse
 
 
+def _entry_id_arg(text: str) -> str:
+    """An argparse type: ``$`` or a stream entry id (``0``, ``<ms>``, ``<ms>-<seq>``); else a usage error, not a
+    Redis error after connecting."""
+    from producer.streams import is_since
+
+    if not is_since(text):
+        raise argparse.ArgumentTypeError(f"expected '$', '0' or an entry id such as 1700000000000-0, got {text!r}")
+    return text
+
+
+_entry_id_arg.__name__ = "entry id"
+
+
 def _version_line() -> str:
     from worker.cli import version_line
 
@@ -277,15 +293,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(_run=cmd_synth)
 
-    p = sub.add_parser("results", help="print results from the results stream, one JSON object per line")
+    p = sub.add_parser(
+        "results",
+        help='print outcomes, one JSON object per line: results, and dead letters ("status": "dead_letter", '
+        "with the reason)",
+    )
     p.add_argument(
         "--count", type=_at_least(1), help="how many (default: the last 20; with --follow: until interrupted)"
     )
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing new results as they arrive")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new outcomes as they arrive")
     p.add_argument(
         "--since",
+        type=_entry_id_arg,
         default="$",
-        help="with --follow: start after this entry id ('0' = from the start; default: only new)",
+        help="with --follow: start after this entry id, in both streams ('0' = from the start; default: only new)",
+    )
+    p.add_argument(
+        "--no-dead-letters",
+        dest="dead_letters",
+        action="store_false",
+        help="results only, not the dead-letter stream's records",
     )
     p.set_defaults(_run=cmd_results)
 

@@ -9,7 +9,6 @@ hammering Redis with one GET per ticket per poll.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import redis
 
 from producer.results import Result, as_str
 from producer.settings import ProducerSettings
+from producer.streams import StreamScan, decode_dead_letter, entry_after, follow, recent
 from producer.tickets import InvalidTicket, normalize_at, ticket_fields  # noqa: F401 - ticket_fields: public here too
 
 GET_CHUNK = 1000  # keys per pipelined MGET while waiting
@@ -212,6 +212,9 @@ class TriageClient:
         a ``reason``); ids missing from the dict timed out. A submission whose result key has
         expired (``TRIAGE_RESULT_TTL_S``) but whose input entry the group has acknowledged is
         looked up in the results and dead-letter streams (found unless they were trimmed past it).
+        A plain id whose key has expired times out: only the key maps an id to its record, the settled
+        input entry is trimmed, and a scan of the streams could not tell that ticket from one not yet
+        classified, so every wait on a fresh id would pay it, over up to TRIAGE_RESULTS_MAXLEN records.
         Between checks it blocks on XREAD of the results and dead-letter streams, so it wakes when
         the worker writes, and re-reads only what is still missing.
         """
@@ -224,7 +227,7 @@ class TriageClient:
         got: dict[str, Result] = {}
         deadline = time.monotonic() + timeout_s
         cursors = self._stream_tails()
-        scan = _SupersededScan(self)
+        scan = StreamScan(self)
         max_block_ms = self.settings.wait_poll_max_ms
         first = True
         while True:
@@ -235,7 +238,7 @@ class TriageClient:
                 answers = res.fields.get("stream_id")
                 if expected is None or answers == expected:
                     got[tid] = res
-                elif _entry_after(answers, expected):  # a later send of the same id overwrote the key
+                elif entry_after(answers, expected):  # a later send of the same id overwrote the key
                     scan.add(tid, expected)
             if first:  # a key that is gone although the worker finished the entry expired: look in the streams
                 keyless = {want[t]: t for t in remaining if t not in found and want[t] is not None}
@@ -263,7 +266,7 @@ class TriageClient:
         except redis.ResponseError:  # no such stream
             return []
         last = next((as_str(g.get("last-delivered-id")) for g in groups if as_str(g.get("name")) == s.group), None)
-        delivered = [sid for sid in stream_ids if last is not None and not _entry_after(sid, last)]
+        delivered = [sid for sid in stream_ids if last is not None and not entry_after(sid, last)]
         pipe = self.redis.pipeline(transaction=False)
         for sid in delivered:
             pipe.xpending_range(s.input_stream, s.group, min=sid, max=sid, count=1)
@@ -297,30 +300,35 @@ class TriageClient:
             tails[name] = as_str(rows[0][0]) if rows else "0-0"
         return tails
 
-    def recent_results(self, count: int = 20) -> list[Result]:
-        """The last ``count`` entries of the results stream, oldest first."""
-        rows = self.redis.xrevrange(self.settings.results_stream, count=count)
-        return [Result.from_stream(sid, fields) for sid, fields in reversed(rows)]
+    def recent_results(self, count: int = 20, *, dead_letters: bool = True) -> list[Result]:
+        """The last ``count`` outcomes, oldest first: records of the results stream and (unless ``dead_letters`` is
+        False) of the dead-letter stream, merged by entry id; a dead letter has ``status == "dead_letter"``."""
+        return recent(self, count, dead_letters)
 
     def follow_results(
-        self, since: str = "$", block_ms: int = 1000, stop: Callable[[], bool] | None = None
+        self,
+        since: str | Mapping[str, str] = "$",
+        block_ms: int = 1000,
+        stop: Callable[[], bool] | None = None,
+        *,
+        dead_letters: bool = True,
     ) -> Iterator[Result]:
-        """Results as the worker writes them, from ``since`` (``$``: only new ones; ``0``: from the start)."""
-        cursor = since
-        if cursor == "$":
-            cursor = self._stream_tails()[self.settings.results_stream]
-        while not (stop and stop()):
-            reply = self.redis.xread({self.settings.results_stream: cursor}, count=500, block=self._block_ms(block_ms))
-            for _stream, rows in reply or []:
-                for sid, fields in rows:
-                    cursor = as_str(sid)
-                    yield Result.from_stream(sid, fields)
+        """Outcomes as the worker writes them: results and (unless ``dead_letters`` is False) dead letters, as
+        ``Result`` (``status == "dead_letter"`` with its ``reason``, as ``wait`` returns them).
+
+        ``since``: ``"$"`` only new ones, ``"0"`` from the start, or an entry id: records after it in each stream
+        (ids are ``<ms>-<seq>`` times). The two streams number their records apart, so a dead letter written in the
+        same millisecond as a result may sort on either side of its id: for an exact resume pass a dict
+        ``{results_stream: id, dead_letter_stream: id}`` of the last ``result_entry_id`` seen in each (a stream
+        missing from it starts at ``"$"``). ``ValueError`` at once for an id that is none."""
+        return follow(self, since, block_ms, stop, dead_letters)
 
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """The last ``count`` dead-letter records (oldest first), decoded: ``payload`` (the rejected
-        entry's fields) as a dict, ``deliveries`` and ``dead_at_ms`` as ints, ``dead_letter_id``."""
+        entry's fields) as a dict, ``deliveries``, ``dead_at_ms`` and ``payload_bytes`` as ints,
+        ``payload_truncated`` as a bool, ``dead_letter_id``."""
         rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
-        return [_decode_dead_letter(sid, fields) for sid, fields in reversed(rows)]
+        return [decode_dead_letter(sid, fields) for sid, fields in reversed(rows)]
 
 
 def _many(arg: Any, name: str, one: str, *, mapping_too: bool = False) -> Any:
@@ -330,75 +338,3 @@ def _many(arg: Any, name: str, one: str, *, mapping_too: bool = False) -> Any:
     if isinstance(arg, (str, bytes)) or (mapping_too and isinstance(arg, Mapping)):
         raise TypeError(f"{name}: expected a list or other iterable, got a single {type(arg).__name__}; for one: {one}")
     return arg
-
-
-def _decode_dead_letter(sid: Any, fields: Mapping[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {as_str(k): as_str(v) for k, v in fields.items()}
-    for k in ("payload", "meta"):
-        if k in out:
-            try:
-                out[k] = json.loads(out[k])
-            except ValueError:
-                pass  # kept as the string it is
-    for k in ("deliveries", "dead_at_ms", "payload_bytes"):
-        if k in out and out[k].lstrip("-").isdigit():
-            out[k] = int(out[k])
-    out["dead_letter_id"] = as_str(sid)
-    return out
-
-
-def _entry_id(stream_id: str | None) -> tuple[int, int] | None:
-    try:
-        ms, _, seq = (stream_id or "").partition("-")
-        return int(ms), int(seq or 0)
-    except ValueError:
-        return None
-
-
-def _entry_after(a: str | None, b: str | None) -> bool:
-    """Stream entry id ``a`` comes after ``b`` (False if either is not an entry id)."""
-    ia, ib = _entry_id(a), _entry_id(b)
-    return ia is not None and ib is not None and ia > ib
-
-
-class _SupersededScan:
-    """Find results of submissions the result key cannot answer (it answers a later send of the id, or
-    it expired) in the results and dead-letter streams: every record for an input entry is written
-    after that entry, so reading from the earliest such entry's millisecond onwards sees them all (unless trimmed)."""
-
-    PAGE = 1000
-
-    def __init__(self, client: TriageClient):
-        self.client = client
-        self.wanted: dict[str, str] = {}  # input entry id -> ticket id
-        self.cursors: dict[str, str] = {}
-        self.hits: dict[str, Result] = {}
-
-    def add(self, ticket_id: str, stream_id: str) -> None:
-        if stream_id in self.wanted:
-            return
-        self.wanted[stream_id] = ticket_id
-        # from the start of the entry's millisecond: another stream's ids restart their sequence each millisecond,
-        # so a record written in that same millisecond may have a lower id than the entry (it was missed)
-        ms = (_entry_id(stream_id) or (0, 0))[0]
-        start = f"{ms - 1}-{2**64 - 1}" if ms > 0 else "0-0"
-        s = self.client.settings
-        for name in (s.results_stream, s.dead_letter_stream):
-            cur = self.cursors.get(name)
-            if cur is None or _entry_after(cur, start):
-                self.cursors[name] = start  # (re)start from the earliest wanted entry
-
-    def found(self) -> dict[str, Result]:
-        open_ids = {sid for sid, tid in self.wanted.items() if tid not in self.hits}
-        for name in list(self.cursors):
-            while open_ids:
-                rows = self.client.redis.xrange(name, min="(" + self.cursors[name], max="+", count=self.PAGE)
-                for rid, fields in rows:
-                    self.cursors[name] = as_str(rid)
-                    sid = as_str(fields.get("stream_id") or fields.get(b"stream_id") or "")
-                    if sid in open_ids:
-                        self.hits[self.wanted[sid]] = Result.from_stream(rid, fields)
-                        open_ids.discard(sid)
-                if len(rows) < self.PAGE:
-                    break
-        return dict(self.hits)

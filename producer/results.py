@@ -16,6 +16,22 @@ def as_str(v: Any) -> str:
     return v.decode("utf-8", errors="backslashreplace") if isinstance(v, bytes) else str(v)
 
 
+# fields of a worker record that are numbers or 0/1 flags in the wire's strings (a flag "0" is a truthy str)
+INT_FIELDS = ("tokens", "classified_at_ms", "deliveries", "dead_at_ms", "payload_bytes")
+FLAG_FIELDS = ("truncated", "payload_truncated")
+
+
+def decode_flat(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with the worker's integer and 0/1 flag strings as ints and bools, in place (others left as they are)."""
+    for k in INT_FIELDS:
+        if isinstance(out.get(k), str) and out[k].lstrip("-").isdigit():
+            out[k] = int(out[k])
+    for k in FLAG_FIELDS:
+        if out.get(k) in ("0", "1"):
+            out[k] = out[k] == "1"
+    return out
+
+
 def _float(v: str | None) -> float | None:
     try:
         return float(v) if v not in (None, "") else None
@@ -32,7 +48,7 @@ class Result:
     scores: dict[str, float] = field(default_factory=dict)
     latency_ms: float | None = None  # enqueue -> result written
     reason: str | None = None  # why a dead-lettered ticket was rejected
-    result_entry_id: str | None = None  # its entry id in the results stream (stream reads only)
+    result_entry_id: str | None = None  # its entry id in the stream it was read from (results or dead letters)
     fields: dict[str, str] = field(default_factory=dict)  # the raw record, every field
 
     @property
@@ -93,11 +109,7 @@ class Result:
             out["scores"] = self.scores
         if self.latency_ms is not None:
             out["latency_ms"] = self.latency_ms
-        for k in ("tokens", "classified_at_ms", "deliveries", "dead_at_ms"):
-            if k in out and out[k].lstrip("-").isdigit():
-                out[k] = int(out[k])
-        if "truncated" in out:
-            out["truncated"] = out["truncated"] == "1"
+        decode_flat(out)
         for k in ("meta", "payload"):
             if k in out:
                 try:

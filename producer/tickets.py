@@ -8,6 +8,7 @@ on, and a field redis-py cannot encode fails a send part-way; the rules are the 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -38,12 +39,14 @@ def ticket_fields(text: str, *, ticket_id: str, subject: str | None = None, meta
     ``meta`` goes as it is; the worker dead-letters one that is no strict JSON object, with the reason."""
     if not isinstance(text, str):
         raise TypeError(f"ticket text must be a str, got {type(text).__name__}")
+    if not isinstance(ticket_id, str):
+        raise TypeError(f"ticket id must be a str, got {type(ticket_id).__name__}")
     why = id_problem(ticket_id)
     if why:
         raise ValueError(f"ticket id {ticket_id!r:.80}: {why}")
     fields = {"text": text, "id": ticket_id}
     if subject is not None:
-        fields["subject"] = str(subject)
+        fields["subject"] = _scalar(subject, "subject")
     if meta is not None:
         if not isinstance(meta, (str, dict)):
             raise TypeError(f"meta must be a dict (sent as a JSON object) or a JSON string, got {type(meta).__name__}")
@@ -67,15 +70,32 @@ def normalize_at(index: int, ticket: Any, sent: list[Submitted]) -> tuple[str, d
 
 
 def normalize(ticket: str | Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    """A plain string or a mapping with text / id / subject / meta (other keys are ignored)."""
+    """A plain string or a mapping with text / id / subject / meta (other keys are ignored); an id or subject is a
+    string or a finite number (sent as its text)."""
     if isinstance(ticket, str):
         ticket = {"text": ticket}
     if "text" not in ticket:
         raise ValueError(f"ticket has no 'text': {dict(ticket)!r:.200}")
     given = ticket.get("id")
-    tid = str(given) if given not in (None, "") else uuid.uuid4().hex
-    subject = ticket.get("subject") or None
+    tid = _scalar(given, "id") if given not in (None, "") else uuid.uuid4().hex
+    subject = _scalar(ticket.get("subject"), "subject") or None
     meta = ticket.get("meta")
     return tid, ticket_fields(
         ticket["text"], ticket_id=tid, subject=subject, meta=meta if meta not in ("", None) else None
     )
+
+
+_KIND = {dict: "a dict (a JSON object)", list: "a list (a JSON array)", bool: "a boolean"}
+
+
+def _scalar(value: Any, name: str) -> Any:
+    """A string, or a finite number as its text (``7`` -> "7"); ``TypeError`` for anything else: ``str()`` made an
+    object id of a JSON Lines file the id "{'a': 1}", which the caller never sent and cannot wait on."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value):
+            return str(value)
+        raise TypeError(f"{name} must be a string or a finite number, got {value!r}")
+    kind = _KIND.get(type(value)) or f"a {type(value).__name__}"
+    raise TypeError(f"{name} must be a string or a number, got {kind}: {value!r:.60}")

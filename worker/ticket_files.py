@@ -11,35 +11,68 @@ class TicketFileError(ValueError):
     pass
 
 
+class UnreadableCsv(TicketFileError, csv.Error):
+    """A CSV the csv module cannot parse (a field over its size limit), with the line its row starts on; still a
+    ``csv.Error`` for callers that catch that."""
+
+
 def read_tickets(path: str | Path, limit: int | None = None) -> list[dict]:
     """Rows as dicts with at least ``text``; ``id``/``label``/others are kept. Line numbers in errors.
 
     UTF-8 with or without a byte-order mark: spreadsheet exports (Excel's "CSV UTF-8") start with one, which
     made the first CSV column ``\ufefftext`` and the first JSON line invalid. ``limit`` 0 reads nothing."""
+    return [row for _, row in read_numbered(path, limit)]
+
+
+def read_numbered(path: str | Path, limit: int | None = None) -> list[tuple[int, dict]]:
+    """``read_tickets`` with the file line each row starts on: what an editor shows, which the row's position is
+    not once a JSON Lines file has blank lines or a CSV field spans lines (a quoted newline)."""
     path = Path(path)
-    rows: list[dict] = []
     if limit is not None and limit <= 0:
-        return rows
+        return []
     with path.open(encoding="utf-8-sig", newline="") as f:
-        if path.suffix.lower() == ".csv":
-            reader = csv.DictReader(f)
-            if not reader.fieldnames or "text" not in reader.fieldnames:
-                raise TicketFileError(f"{path}: CSV needs a 'text' column (found {reader.fieldnames})")
-            for row in reader:
-                rows.append(dict(row))
-                if limit is not None and len(rows) >= limit:
-                    break
-        else:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TicketFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict) or "text" not in row:
-                    raise TicketFileError(f"{path}:{n}: expected an object with a 'text' field")
-                rows.append(row)
-                if limit is not None and len(rows) >= limit:
-                    break
-    return rows
+        rows = _csv_rows(path, f) if path.suffix.lower() == ".csv" else _jsonl_rows(path, f)
+        out: list[tuple[int, dict]] = []
+        for numbered in rows:
+            out.append(numbered)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _jsonl_rows(path: Path, f):
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TicketFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "text" not in row:
+            raise TicketFileError(f"{path}:{n}: expected an object with a 'text' field")
+        yield n, row
+
+
+def _csv_rows(path: Path, f):
+    """Rows as ``csv.DictReader`` makes them (extra cells under ``None``, missing ones ``None``), numbered: the
+    reader's ``line_num`` before a row is the line above it (a blank line is a row of no cells, skipped)."""
+    reader = csv.reader(f)
+    names = next(reader, None)
+    if not names or "text" not in names:
+        raise TicketFileError(f"{path}: CSV needs a 'text' column (found {names})")
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise UnreadableCsv(f"{path}:{start}: unreadable CSV: {e}") from None
+        if not cells:
+            continue
+        row: dict = dict(zip(names, cells))
+        if len(cells) > len(names):
+            row[None] = cells[len(names) :]
+        for name in names[len(cells) :]:
+            row[name] = None
+        yield start, row

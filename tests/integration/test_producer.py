@@ -7,6 +7,7 @@ real worker process against the client.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import time
 import pytest
 import redis
 
-from producer import BacklogFull, InvalidTicket, ProducerSettings, Result, Submitted, TriageClient
+from producer import BacklogFull, InvalidTicket, ProducerSettings, Result, Submitted, TriageClient, ticket_fields
 from producer.cli import main as cli_main
 from producer.local_redis import answers, demo_redis, local_redis_server
 from tests.worker_proc import start_worker
@@ -136,7 +137,12 @@ def test_bad_ticket_shapes_are_refused_before_sending(client, r, settings):
         client.submit(None)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         client.submit_many([{"subject": "no text"}])
+    with pytest.raises(TypeError, match="id must be a string or a number"):
+        client.submit("charged twice", id={"crm": 7})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ticket id must be a str, got dict"):  # an AttributeError from .strip()
+        ticket_fields("charged twice", ticket_id={"crm": 7})  # type: ignore[arg-type]
     assert r.xlen(settings.input_stream) == 0
+    assert client.submit("charged twice", id=7).ticket_id == "7"  # a number is still its text
 
 
 @pytest.mark.parametrize(
@@ -150,6 +156,12 @@ def test_bad_ticket_shapes_are_refused_before_sending(client, r, settings):
         ({"text": 42}, "must be a str"),
         ({"text": "half \ud83d emoji"}, "text contains characters that are not valid Unicode"),
         ({"text": "t", "subject": "\udc80"}, "subject contains characters that are not valid Unicode"),
+        # str() sent these as the ids "{'a': 1}", "['T-1']" and "True": ids the caller never gave and cannot wait on
+        ({"text": "t", "id": {"a": 1}}, "id must be a string or a number, got a dict (a JSON object)"),
+        ({"text": "t", "id": ["T-1"]}, "id must be a string or a number, got a list (a JSON array)"),
+        ({"text": "t", "id": True}, "id must be a string or a number, got a boolean"),
+        ({"text": "t", "id": float("nan")}, "id must be a string or a finite number"),
+        ({"text": "t", "subject": {"a": 1}}, "subject must be a string or a number, got a dict"),
     ],
 )
 def test_a_ticket_the_worker_would_reject_without_an_id_stops_a_list_before_anything_is_sent(
@@ -365,6 +377,79 @@ def test_recent_and_followed_results(client, r, settings):
     assert seen == ["r4", "r5"]  # only the ones after the cursor
 
 
+def _follow_all(client, since, n: int, **kw) -> list[Result]:
+    """The first ``n`` outcomes ``follow_results`` yields (a bound in case fewer come: a failure, not a hang)."""
+    deadline = time.monotonic() + 10
+    seen: list[Result] = []
+    for res in client.follow_results(since=since, block_ms=100, stop=lambda: time.monotonic() > deadline, **kw):
+        seen.append(res)
+        if len(seen) == n:
+            break
+    return seen
+
+
+def _records_at(r, s) -> None:
+    """Results at 1000-0 and 3000-0, dead letters at 2000-0 and 4000-0 (real worker records, ids chosen)."""
+    pred = Prediction(label="billing", scores={"billing": 0.9, "other": 0.1}, truncated=False, n_tokens=7)
+    for sid, tid in (("1000-0", "F-1"), ("3000-0", "F-3")):
+        fields = result_fields(tid, pred, latency_ms=1.0, model="m", worker="w", stream_id=f"{sid[0]}-5")
+        r.xadd(s.results_stream, fields, id=sid)
+    for sid, tid in (("2000-0", "F-2"), ("4000-0", "F-4")):
+        dead = dead_letter_fields(
+            stream_id=f"{sid[0]}-5", reason=f"bad {tid}", payload={"id": tid, "text": ""}, deliveries=1, ticket_id=tid
+        )
+        r.xadd(s.dead_letter_stream, dead, id=sid)
+
+
+def test_follow_and_recent_results_include_dead_letters_in_entry_order(client, r, settings):
+    """``results --follow`` read only the results stream: an integrator following outcomes never saw a ticket
+    that failed. Both streams now, each from its own cursor, merged by entry id."""
+    _records_at(r, settings)
+    got = _follow_all(client, "0", 4)
+    assert [(x.ticket_id, x.status, x.reason) for x in got] == [
+        ("F-1", "ok", None),
+        ("F-2", "dead_letter", "bad F-2"),
+        ("F-3", "ok", None),
+        ("F-4", "dead_letter", "bad F-4"),
+    ]
+    assert [x.result_entry_id for x in got] == ["1000-0", "2000-0", "3000-0", "4000-0"]
+    # an id is a moment in both streams: what each wrote after it
+    assert [x.ticket_id for x in _follow_all(client, "2500-0", 2)] == ["F-3", "F-4"]
+    # per stream, for an exact resume
+    exact = {settings.results_stream: "3000-0", settings.dead_letter_stream: "0"}
+    assert [x.ticket_id for x in _follow_all(client, exact, 2)] == ["F-2", "F-4"]
+    assert [x.ticket_id for x in _follow_all(client, "0", 2, dead_letters=False)] == ["F-1", "F-3"]
+    assert [x.ticket_id for x in client.recent_results(3)] == ["F-2", "F-3", "F-4"]
+    assert [x.ticket_id for x in client.recent_results(3, dead_letters=False)] == ["F-1", "F-3"]
+    with pytest.raises(ValueError, match="entry id"):
+        client.follow_results(since="yesterday")
+
+
+def test_follow_from_now_sees_new_dead_letters_in_the_shape_wait_returns(client, r, settings):
+    """'$' skips what both streams hold; a dead letter written later arrives as ``wait`` returns it (its fields
+    decoded the same), with the dead-letter stream's entry id."""
+    _records_at(r, settings)
+    deadline = time.monotonic() + 10  # a bound in case they never come: a failure, not a hang
+    # "$": both streams' tails are read here, before any write below (they were read at the first next())
+    following = client.follow_results(block_ms=100, stop=lambda: time.monotonic() > deadline)
+    sent = client.submit(" ", id="blank")
+    _classify(r, settings, ["fresh"])
+    dead = dead_letter_fields(
+        stream_id=sent.stream_id,
+        reason="text is empty",
+        payload={"text": " ", "id": "blank"},
+        deliveries=1,
+        ticket_id="blank",
+    )
+    _sink(r, settings).write(Outcome(dead_letters=[dead]))
+    seen = list(itertools.islice(following, 2))
+    assert [(x.ticket_id, x.status) for x in seen] == [("fresh", "ok"), ("blank", "dead_letter")]
+    followed = seen[1].to_dict()
+    assert followed.pop("result_entry_id") == r.xrevrange(settings.dead_letter_stream, count=1)[0][0]
+    assert followed == client.wait([sent], timeout_s=1)["blank"].to_dict()
+    assert followed["reason"] == "text is empty" and followed["payload_truncated"] is False
+
+
 def test_client_against_the_real_worker(client, triage_env, settings):
     env = {
         **triage_env,
@@ -383,6 +468,14 @@ def test_client_against_the_real_worker(client, triage_env, settings):
     with start_worker(env) as w:
         got = client.wait([s.ticket_id for s in sent], timeout_s=60)
         assert w.stop() == 0
+    deadline = time.monotonic() + 10  # everything is written by now: a bound, so a miss fails and does not hang
+    following = client.follow_results(since="0", block_ms=100, stop=lambda: time.monotonic() > deadline)
+    followed = {x.ticket_id: x for x in itertools.islice(following, 3)}
+    # what a follower sees of each ticket is what wait returned, the dead letter included
+    assert {t: x.to_dict() | {"result_entry_id": None} for t, x in followed.items()} == {
+        t: x.to_dict() | {"result_entry_id": None} for t, x in got.items()
+    }
+    assert followed["w3"].status == "dead_letter" and "empty" in followed["w3"].reason
     assert len(got) == 3
     assert got["w1"].ok and got["w1"].label in {"billing", "technical", "account", "shipping", "other"}
     assert json.loads(got["w1"].fields["meta"]) == {"crm": 5}
@@ -472,10 +565,10 @@ def test_cli_backlog_full_exit_code_and_the_ids_of_what_was_sent(cli_env, monkey
 
 def test_cli_send_refuses_a_file_with_a_ticket_the_worker_would_reject_and_sends_nothing(cli_env, r, tmp_path, capsys):
     f = tmp_path / "t.jsonl"
-    f.write_text('{"text": "a", "id": "A"}\n{"text": 5}\n', encoding="utf-8")
+    f.write_text('{"text": "a", "id": "A"}\n\n{"text": 5}\n', encoding="utf-8")
     assert cli_main(["send", str(f)]) == 2
     err = capsys.readouterr().err
-    assert "row 2" in err and "must be a str" in err and "nothing was sent" in err
+    assert "t.jsonl:3: ticket 2 of the file: ticket text must be a str" in err and "nothing was sent" in err
     assert not r.exists(cli_env.input_stream)
 
 
@@ -615,8 +708,25 @@ def test_dead_letters_come_back_decoded(client, r, settings):
         ticket_id="blank",
     )
     _sink(r, settings).write(Outcome(dead_letters=[dead]))
-    (rec,) = client.dead_letters(5)
+    big = client.submit("x" * 500, id="big")
+    cut = dead_letter_fields(
+        stream_id=big.stream_id,
+        reason="text is too long",
+        payload={"text": "x" * 500, "id": "big"},
+        deliveries=2,
+        ticket_id="big",
+        excerpt_bytes=100,
+    )
+    _sink(r, settings).write(Outcome(dead_letters=[cut]))
+    rec, rec_cut = client.dead_letters(5)
     assert (
         rec["payload"] == {"text": " ", "id": "blank"} and rec["deliveries"] == 1 and rec["reason"] == "text is empty"
     )
     assert rec["stream_id"] == sent.stream_id and rec["dead_letter_id"]
+    # the flag came back as the string "0": truthy, so `if rec["payload_truncated"]` said every payload was cut
+    assert rec["payload_truncated"] is False and rec_cut["payload_truncated"] is True
+    assert rec_cut["payload_bytes"] == len("text") + 500 + len("id") + len("big") and rec_cut["deliveries"] == 2
+    # the CLI's JSON of a dead letter (wait, results) decodes them the same
+    waited = client.wait([sent, big], timeout_s=1)
+    assert waited["blank"].to_dict()["payload_truncated"] is False
+    assert waited["big"].to_dict()["payload_truncated"] is True and waited["big"].to_dict()["payload_bytes"] == 509

@@ -17,6 +17,7 @@ import redis
 
 from producer import ProducerSettings, TriageClient
 from producer.cli import main as cli_main
+from tests.integration.test_producer import _records_at
 from tests.worker_proc import REPO
 from worker.redis_server import free_port
 
@@ -54,11 +55,11 @@ def test_cli_send_refuses_a_file_it_cannot_decode_with_exit_2(cli_env, r, tmp_pa
     latin1 = tmp_path / "latin1.jsonl"
     latin1.write_bytes(b'{"text": "caf\xe9"}\n')
     big = tmp_path / "big.csv"
-    big.write_text('text,id\n"' + "a" * 200_000 + '",B-1\n', encoding="utf-8")
+    big.write_text('text,id\n"two\nlines",A-1\n"' + "a" * 200_000 + '",B-1\n', encoding="utf-8")
     assert cli_main(["send", str(latin1)]) == 2
     assert "latin1.jsonl: not UTF-8 text" in capsys.readouterr().err
     assert cli_main(["send", str(big)]) == 2
-    assert "big.csv: unreadable CSV: field larger than field limit" in capsys.readouterr().err
+    assert "big.csv:4: unreadable CSV: field larger than field limit" in capsys.readouterr().err  # its row's line
     assert not r.exists(cli_env.input_stream)
 
 
@@ -84,7 +85,7 @@ def test_a_send_refused_before_anything_went_leaves_an_earlier_ids_file_as_it_wa
         json.dumps({"id": "B-1", "text": "fine"}) + "\n" + json.dumps({"id": "B-\u0007", "text": "fine"}) + "\n"
     )
     assert cli_main(["send", str(bad), "--ids-out", str(ids)]) == 2
-    assert "row 2" in capsys.readouterr().err
+    assert "bad.jsonl:2: ticket 2 of the file" in capsys.readouterr().err
     assert ids.read_text() == first and len(first.splitlines()) == 2
     monkeypatch.setenv("TRIAGE_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")  # nothing answers: nothing goes
     assert cli_main(["send", str(_tickets(tmp_path / "b.jsonl", 2)), "--ids-out", str(ids)]) == 1
@@ -95,6 +96,78 @@ def test_a_send_refused_before_anything_went_leaves_an_earlier_ids_file_as_it_wa
     assert [json.loads(x)["stream_id"] for x in ids.read_text().splitlines()] == [
         r.xrevrange(cli_env.input_stream)[0][0]
     ]
+
+
+@pytest.mark.parametrize(
+    "name, content, where, why",
+    [
+        # blank lines: the 2nd ticket is on line 4 (it was reported as "row 2")
+        (
+            "t.jsonl",
+            '{"text": "a", "id": "A"}\n\n\n{"text": "b", "id": "B-\\u0007"}\n',
+            "t.jsonl:4: ticket 2 of the file",
+            "id contains control characters",
+        ),
+        # a quoted field over three lines and a blank line: the 2nd ticket starts on line 6
+        ("t.csv", 'text,id\n"line one\nline two\nline three",A-1\n\nfine,"  "\n', "t.csv:6: ticket 2", "id is empty"),
+    ],
+)
+def test_cli_send_names_the_file_line_of_a_bad_ticket(cli_env, r, tmp_path, capsys, name, content, where, why):
+    """The reason named the ticket's position among the parsed rows, which is not the line an editor shows once a
+    file has blank lines or a CSV field holds newlines."""
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    assert cli_main(["send", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert where in err and why in err and "nothing was sent" in err, err
+    assert not r.exists(cli_env.input_stream)
+
+
+@pytest.mark.parametrize(
+    "given, kind",
+    [('{"crm": 7}', "a dict (a JSON object)"), ('["T-1"]', "a list (a JSON array)"), ("true", "a boolean")],
+)
+def test_cli_send_refuses_an_id_that_is_no_string_or_number(cli_env, r, tmp_path, capsys, given, kind):
+    """A JSON object id was sent as the Python text "{'crm': 7}": an id nobody gave, in a result nobody can match.
+    Now the file is refused (exit 2) at the line of that ticket, nothing sent; a number id is its text, as before."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"text": "a", "id": 7}}\n{{"text": "b", "id": {given}}}\n', encoding="utf-8")
+    assert cli_main(["send", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"t.jsonl:2: ticket 2 of the file: id must be a string or a number, got {kind}" in err, err
+    assert not r.exists(cli_env.input_stream)
+    path.write_text('{"text": "a", "id": 7}\n', encoding="utf-8")
+    assert cli_main(["send", str(path)]) == 0
+    assert [f["id"] for _, f in r.xrange(cli_env.input_stream)] == ["7"]
+
+
+def test_cli_results_prints_dead_letters_marked_and_can_leave_them_out(cli_env, r, capsys):
+    """``results`` and ``results --follow`` printed the results stream only: a ticket that failed never showed.
+    Each dead letter is a line with ``"status": "dead_letter"`` and its reason, in entry order with the results."""
+    _records_at(r, cli_env)  # results F-1, F-3; dead letters F-2, F-4
+    for sid, tid in (("5000-0", "F-5"), ("6000-0", "F-6")):  # more results: a follow that skips dead letters ends too
+        r.xadd(cli_env.results_stream, {"id": tid, "label": "billing", "score": "0.9", "stream_id": "1-0"}, id=sid)
+
+    def ids(*argv) -> list[str]:
+        assert cli_main(["results", *argv]) == 0
+        return [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()]
+
+    assert cli_main(["results", "--follow", "--since", "0", "--count", "4"]) == 0
+    followed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(x["id"], x["status"], x.get("reason")) for x in followed] == [
+        ("F-1", "ok", None),
+        ("F-2", "dead_letter", "bad F-2"),
+        ("F-3", "ok", None),
+        ("F-4", "dead_letter", "bad F-4"),
+    ]
+    assert followed[1]["payload"] == {"id": "F-2", "text": ""} and followed[1]["payload_truncated"] is False
+    assert ids("--follow", "--since", "2500-0", "--count", "2") == ["F-3", "F-4"]
+    assert ids("--follow", "--since", "0", "--count", "3", "--no-dead-letters") == ["F-1", "F-3", "F-5"]
+    assert ids("--count", "3") == ["F-4", "F-5", "F-6"]
+    assert ids("--count", "3", "--no-dead-letters") == ["F-3", "F-5", "F-6"]
+    with pytest.raises(SystemExit) as stop:  # a usage error, not a Redis error after connecting
+        cli_main(["results", "--follow", "--since", "yesterday"])
+    assert stop.value.code == 2 and "entry id" in capsys.readouterr().err
 
 
 def test_cli_counts_below_their_floor_are_usage_errors(cli_env, r, tmp_path, capsys):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 import pytest
 
-from worker.ticket_files import TicketFileError, read_tickets
+from worker.ticket_files import TicketFileError, read_numbered, read_tickets
 
 BOM = "\ufeff"
 
@@ -43,3 +46,34 @@ def test_a_bad_line_is_named_by_its_line_number(tmp_path):
     path.write_text('{"text": "ok"}\n\n{"txt": "no text"}\n', encoding="utf-8")
     with pytest.raises(TicketFileError, match=r"t\.jsonl:3: expected an object with a 'text' field"):
         read_tickets(path)
+
+
+def test_rows_carry_the_file_line_they_start_on(tmp_path):
+    """What an editor shows, not the row's position: blank lines (also CRLF ones) and quoted newlines in a CSV."""
+    jl = tmp_path / "t.jsonl"
+    jl.write_bytes(b'{"text": "a"}\r\n\r\n  \n{"text": "b"}\n\n{"text": "c"}')
+    assert [(n, row["text"]) for n, row in read_numbered(jl)] == [(1, "a"), (4, "b"), (6, "c")]
+    sheet = tmp_path / "t.csv"
+    sheet.write_text('text,id\r\n"one\r\ntwo",A\r\n\r\nthree,B\r\n"four\nfive\nsix",C\r\nseven,D', encoding="utf-8")
+    assert [(n, row["id"]) for n, row in read_numbered(sheet)] == [(2, "A"), (5, "B"), (6, "C"), (9, "D")]
+    assert [(n, row["id"]) for n, row in read_numbered(sheet, limit=2)] == [(2, "A"), (5, "B")]
+
+
+def test_csv_rows_are_what_csv_dictreader_makes(tmp_path):
+    """Numbering the rows meant reading them without DictReader: short rows, long rows and blank lines come out as
+    before (missing cells None, extra cells as a list under None)."""
+    content = 'text,id,subject\nfull,A,S\nshort,B\nlong,C,S,x,y\n\n"quoted\nnewline",D,\n'
+    sheet = tmp_path / "t.csv"
+    sheet.write_text(content, encoding="utf-8")
+    assert read_tickets(sheet) == list(csv.DictReader(io.StringIO(content, newline="")))
+    sheet.write_text("", encoding="utf-8")
+    with pytest.raises(TicketFileError, match="CSV needs a 'text' column"):
+        read_tickets(sheet)
+
+
+def test_an_unreadable_csv_row_names_its_line_and_is_still_a_csv_error(tmp_path):
+    sheet = tmp_path / "t.csv"
+    sheet.write_text('text,id\n"two\nlines",A\n"' + "a" * 200_000 + '",B\n', encoding="utf-8")
+    with pytest.raises(csv.Error, match=r"t\.csv:4: unreadable CSV: field larger than field limit") as e:
+        read_tickets(sheet)
+    assert isinstance(e.value, TicketFileError)
