@@ -17,7 +17,7 @@ from typing import Any
 
 from worker.key_checks import key_name_problems
 from worker.problem import Problem
-from worker.redact import mask_secrets, url_userinfo
+from worker.redact import mask_secrets, mask_unparsed_url, unparsed_userinfo, url_userinfo
 
 EXIT_CONFIG = 2
 
@@ -117,7 +117,7 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
             if not _DB_PATH.match(parts.path or ""):
                 raise ValueError(f"the path must be a database number like /0, not {parts.path!r}")
     except ValueError as e:
-        userinfo = url_userinfo(url) or ""
+        userinfo = url_userinfo(url) or unparsed_userinfo(url) or ""
         # redis-py's own message quotes pieces of what it misread: of the password, when it holds / # ?
         why = (
             "the password holds / # or ?, which end the host part of a URL: percent-encode it "
@@ -127,7 +127,7 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
         )
         return Problem(
             var,
-            f"is not a usable Redis URL: {why} (got {mask_secrets(url)!r}; expected "
+            f"is not a usable Redis URL: {why} (got {mask_unparsed_url(url)!r}; expected "
             "redis://host:port/db, rediss://host:port/db or unix:///path?db=0, a password as :PASSWORD@ "
             "before the host)",
         )

@@ -20,26 +20,42 @@ _MIN_SECRET_CHARS = 3  # shorter literals would mask ordinary text
 
 # scheme://userinfo@ — greedy up to the LAST "@" of the token: a password may hold an unencoded "@", "/", "#" or
 # "?" (a generated one often does), which a URL parser reads as the path or query. Never across a query parameter
-# ("?key="): an "@" in the query (?password=a@b, ?ssl_ca_certs=/a@b.pem) is no user info.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>(?:(?![?&][\w.-]*=)[^\s'\"<>])*)@", re.I)
-# password=..., ?password=..., &token=..., password='...' (a repr): the value up to a separator
+# ("?key="): an "@" in the query (?password=a@b, ?ssl_ca_certs=/a@b.pem) is no user info. Never starting with "/":
+# that is an empty authority and a path (unix:///run/redis-server@main.sock), whose "@" is part of the path.
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>(?!/)(?:(?![?&][\w.-]*=)[^\s'\"<>])*)@", re.I
+)
+# password=..., ?password=..., &token=..., password='...' (a repr), ssl_password=... (redis-py passes any query
+# parameter on: rediss://...?ssl_password= unlocks the client key): the value up to a separator
 _SECRET_PAIR = re.compile(
-    r"(?P<key>(?<![a-z0-9_])(?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|auth)\s*=\s*)"
-    r"(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
+    r"(?P<key>(?<![a-z0-9_])(?:(?:[a-z0-9]+_)*(?:password|passwd|secret)|pwd|pass|token|access_token|api_key|apikey"
+    r"|auth)\s*=\s*)(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
     re.I,
 )
 SECRET_QUERY_KEYS = frozenset(
     {"password", "passwd", "pwd", "pass", "secret", "token", "access_token", "api_key", "apikey", "auth"}
 )
+_SECRET_KEY_SUFFIXES = ("_password", "_passwd", "_secret")
+# the rest of a URL's token after its user info: does it carry the password redis-py reads (?password=, &password=)?
+_QUERY_PASSWORD = re.compile(r"[^\s'\"<>]*?[?&]password=[^\s&;#'\"<>]", re.I)
 
 _known: set[str] = set()
+
+
+def is_secret_key(key: str) -> bool:
+    """A query parameter (or ``key=`` pair) whose value is a secret: ``password``, ``token``, ``ssl_password``..."""
+    k = key.lower()
+    return k in SECRET_QUERY_KEYS or k.endswith(_SECRET_KEY_SUFFIXES)
 
 
 def _mask_userinfo(m: re.Match) -> str:
     userinfo = m["userinfo"]
     if ":" in userinfo:
         return f"{m['scheme']}{userinfo.split(':', 1)[0]}:{MASK}@"
-    return f"{m['scheme']}{MASK}@"  # a lone user info may be a token; user names are not worth the risk
+    if userinfo and _QUERY_PASSWORD.match(m.string, m.end()):
+        return m[0]  # the password is in the query, so this is the user name (redis-py reads it so): kept
+    # a lone user info may be a password that lost its ":" (redis://PASSWORD@host) or a token: not worth the risk
+    return f"{m['scheme']}{MASK}@"
 
 
 def mask_secrets(text: str) -> str:
@@ -83,25 +99,35 @@ def url_secrets(url: str | None) -> list[str]:
     out: list[str] = []
     try:
         parts = urlsplit(url.strip())
-    except ValueError:
-        parts = None
-    if parts is not None:
-        # the parser's user info, and the mask's: an unencoded / # ? in the password ends the parser's host part
-        # early, so its user info is a piece of the password or nothing
-        found = {parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else None, url_userinfo(url)}
-        if found == {None}:  # no user info a URL parser or the mask's shape finds: a scheme with a typo?
-            out += loose_secrets(url)
-        for userinfo in found - {None}:
-            out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
-            out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
-        for k, v in parse_qsl(parts.query, keep_blank_values=False):
-            if k.lower() in SECRET_QUERY_KEYS:
-                out.append(v)
-        for piece in parts.query.split("&"):
-            k, _, v = piece.partition("=")
-            if k.lower() in SECRET_QUERY_KEYS and v:
-                out.append(v)  # the raw, still percent-encoded form
+        netloc, query = parts.netloc, parts.query
+    except ValueError:  # e.g. an unclosed IPv6 bracket: the mask's shape still finds the user info
+        netloc, query = "", url.partition("?")[2]
+    # the parser's user info, and the mask's: an unencoded / # ? in the password ends the parser's host part
+    # early, so its user info is a piece of the password or nothing
+    found = {netloc.rsplit("@", 1)[0] if "@" in netloc else None, url_userinfo(url)}
+    if found == {None}:  # no user info a URL parser or the mask's shape finds: a scheme with a typo?
+        out += loose_secrets(url)
+        greedy = unparsed_userinfo(url) if _unparsed(url) else None
+        if greedy and ":" in greedy:  # a password holding "?x=" (redis://:ab?c=d@host): the port did not parse
+            out += [greedy.split(":", 1)[1], unquote(greedy.split(":", 1)[1])]
+    has_query_password = any(k.lower() == "password" and v for k, v in _pairs(query))
+    for userinfo in found - {None}:
+        if ":" not in userinfo and has_query_password:
+            continue  # the user name (the password is in the query): no secret, and masked it would mangle text
+        out.append(unquote(userinfo.split(":", 1)[1]) if ":" in userinfo else unquote(userinfo))
+        out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+    for k, v in parse_qsl(query, keep_blank_values=False):
+        if is_secret_key(k):
+            out.append(v)
+    for k, v in _pairs(query):
+        if is_secret_key(k) and v:
+            out.append(v)  # the raw, still percent-encoded form
     return [s for s in out if s]
+
+
+def _pairs(query: str) -> list[tuple[str, str]]:
+    """A query's raw ``key=value`` pairs, nothing decoded."""
+    return [(k, v) for k, _, v in (piece.partition("=") for piece in query.split("&"))]
 
 
 def loose_secrets(url: str) -> list[str]:
@@ -114,6 +140,35 @@ def loose_secrets(url: str) -> list[str]:
         return []
     before = head.rsplit("@", 1)[0]
     return [before[i + 1 :] for i, c in enumerate(before) if c == ":" and before[i + 1 : i + 2] not in ("", "/")]
+
+
+# scheme://...@ up to the LAST "@" of the token, across a "?": only for a URL that does not parse, whose password
+# may hold an unencoded "?x=" (redis://:ab?c=d@host reads as host "", port "ab", query "c=d@host")
+_UNPARSED_USERINFO = re.compile(r"\s*(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^\s'\"<>]*)@", re.I)
+
+
+def unparsed_userinfo(url: str) -> str | None:
+    """The user info of a URL that does not parse, read to its last "@" (a "?" in it is taken as the password's)."""
+    m = _UNPARSED_USERINFO.match(url)
+    return m["userinfo"] if m else None
+
+
+def mask_unparsed_url(url: str) -> str:
+    """A URL that does not parse, safe to print: everything from its scheme to its last "@" masked, then as
+    ``mask_secrets``. The parser's reading of where the password ends is what failed, so no shape is trusted."""
+    m = _UNPARSED_USERINFO.match(url)
+    if m:
+        url = f"{m['scheme']}{MASK}@{url[m.end() :]}"
+    return mask_secrets(url)
+
+
+def _unparsed(url: str) -> bool:
+    """Whether ``url``'s host part does not parse (a port that is no number, an unclosed IPv6 bracket)."""
+    try:
+        _ = urlsplit(url.strip()).port  # parsed only when asked for
+    except ValueError:
+        return True
+    return False
 
 
 def url_userinfo(url: str) -> str | None:

@@ -6,6 +6,7 @@ import pytest
 
 from worker import preflight
 from worker.engine.task import TaskError, load_task_file
+from worker.redact import url_secrets
 from worker.settings import Settings
 
 BAD_URL = "redis://:s3cret@host:notaport/0"
@@ -61,6 +62,16 @@ def test_a_password_that_breaks_the_url_is_named_as_such_and_no_piece_of_it_is_s
     p = preflight.redis_url_problem("redis://:Xk9/aB3+Zq7/pL2w@127.0.0.1:6379/0")
     assert p is not None and "percent-encode" in str(p)
     assert not any(piece in str(p) for piece in ("Xk9", "aB3", "Zq7", "pL2w")), str(p)
+
+
+@pytest.mark.parametrize("url", ["redis://:Qx7?c=dZ9@127.0.0.1:6379/0", "redis://u:Qx7?c=dZ9@127.0.0.1:6379/0"])
+def test_a_password_holding_a_query_shape_is_named_as_such_and_no_piece_of_it_is_shown(url):
+    """An unencoded "?c=" in a password reads as the query: the mask's shapes stop there, and the URL was printed
+    whole; the password is also registered, so no other output shows it."""
+    p = preflight.redis_url_problem(url)
+    assert p is not None and "percent-encode" in str(p)
+    assert not any(piece in str(p) for piece in ("Qx7", "dZ9")), str(p)
+    assert "Qx7?c=dZ9" in url_secrets(url)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """Check the configuration without starting anything: TRIAGE_ variables (unknown names, with a
 did-you-mean), setting values, the task file, the Redis URL, Redis itself (reachable, password,
-stream key types) and where the model and the encoder (TRIAGE_ENCODER) come from; ``--model`` also
-loads them and classifies one ticket. Prints one line per problem on stderr (what is fine on stdout);
-exit 0 if all is well, 2 otherwise. Runs in about a second without ``--model`` (no torch import).
+stream key types, every command the worker sends allowed to its ACL user) and where the model and
+the encoder (TRIAGE_ENCODER) come from; ``--model`` also loads them and classifies one ticket.
+Prints one line per problem on stderr (what is fine on stdout); exit 0 if all is well, 2
+otherwise. Runs in about a second without ``--model`` (no torch import).
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ def run(args: argparse.Namespace) -> int:
                 problems.append(down)
             else:
                 keys = key_checks.stream_key_problems(settings.redis_url, settings)
-                problems += keys
-                if not keys:
-                    ok.append(f"redis: {mask_secrets(settings.redis_url)} reachable; stream keys ok")
+                refused = key_checks.permission_problems(settings.redis_url, settings)  # what `run` refuses to start on
+                problems += keys + refused
+                if not keys and not refused:
+                    ok.append(
+                        f"redis: {mask_secrets(settings.redis_url)} reachable; stream keys ok; its user may run every "
+                        "command the worker sends"
+                    )
                 if "TRIAGE_CONSUMER" in os.environ:  # the default name (<hostname>-<pid>) is this process's own
                     ok.append(_consumer_line(settings, key_checks.consumer_holder(settings.redis_url, settings)))
         if args.model and not problems:

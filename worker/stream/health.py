@@ -249,12 +249,21 @@ class Keeper(threading.Thread):
         self._beats_failing = 0  # beats failed in a row: the first is a warning (health checks will fail)
         self.lost: dict | None = None
         self._stop_evt = threading.Event()
+        self._wake = threading.Event()  # set by stop() and beat_soon()
+        self._beat_due = False
+
+    def beat_soon(self) -> None:
+        """Beat now, not a third of the TTL from the last beat: the key is known gone (the group was recreated:
+        FLUSHALL, a Redis restarted empty), and until the next beat healthchecks fail and ``status`` shows no worker."""
+        self._beat_due = True
+        self._wake.set()
 
     def run(self) -> None:
         next_beat = next_refresh = time.monotonic()
         while True:
             now = time.monotonic()
-            if now >= next_beat:
+            if now >= next_beat or self._beat_due:
+                self._beat_due = False
                 next_beat = now + self.beat_interval_s
                 self._beat()
                 if self.on_beat is not None:
@@ -269,7 +278,9 @@ class Keeper(threading.Thread):
                 except Exception as e:  # noqa: BLE001 - Redis down: the reader and the writer report it
                     self.log.debug("refresh_failed", error=f"{type(e).__name__}: {e}")
             wake = min(next_beat, next_refresh if self.refresh is not None else next_beat)
-            if self._stop_evt.wait(max(wake - time.monotonic(), 0.0)):
+            self._wake.wait(max(wake - time.monotonic(), 0.0))
+            self._wake.clear()
+            if self._stop_evt.is_set():
                 return
 
     def _beat(self) -> None:
@@ -290,6 +301,7 @@ class Keeper(threading.Thread):
 
     def stop(self) -> None:
         self._stop_evt.set()
+        self._wake.set()
         self.join(timeout=5)
 
 

@@ -131,6 +131,7 @@ class _Loop:
 
     def run(self) -> int:
         self.keeper.refresh = self._refresh  # the keeper now also keeps this process's in-flight entries fresh
+        self.guard.on_recovered(self.keeper.beat_soon)  # a lost group lost the heartbeat key too (FLUSHALL)
         if prometheus.current().enabled:
             self.keeper.on_beat = self._queue_gauges
         self.reader.start()

@@ -19,7 +19,7 @@ ADMIN_PASSWORD = "adm1n-P@ss/w0rd#chaos"
 WORKER_PASSWORD = "w0rker-S3cret:with@odd/chars"
 # The worker's least privileges (docs/reliability.md, "Redis ACL"): its own keys, these commands.
 WORKER_ACL = (
-    "~chaos:* resetchannels -@all +client|setname +xgroup|create +xgroup|delconsumer +xreadgroup +xautoclaim "
+    "~chaos:* resetchannels -@all +client|setname +xgroup|create +xgroup|delconsumer +xreadgroup +ping "
     "+xpending +xinfo|groups +xrange +xack +xadd +xtrim +xclaim +set +get +exists +del +type +multi +exec "
     "+evalsha +eval"
 )
