@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 # (key, what it is, runs on)
 STAGES = (
-    ("read", "XREADGROUP of the window, reply parsed", "reader"),
+    ("read", "the window's read script (read_scripts.READ_NEW), reply parsed", "reader"),
     ("window", "parse entries + tokenize + frame (build_window)", "reader"),
     ("plan", "packed passes planned (Classifier.plan)", "reader"),
     ("stream", "each pass's packed token stream on the host (stream_tensors)", "pass"),

@@ -276,6 +276,16 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty or blank (unset the variable for the default)")
         return v
 
+    @field_validator("read_max_bytes")
+    @classmethod
+    def _read_holds_a_ticket(cls, v: int | None, info) -> int | None:
+        """A budget below one ticket of the largest size is a unit slip (KiB for bytes), not a choice: every window
+        would hold one ticket."""
+        limit = info.data.get("max_text_bytes")
+        if v is not None and v < (limit or 1):
+            raise ValueError(f"must be a number of bytes of at least TRIAGE_MAX_TEXT_BYTES ({limit or 1})")
+        return v
+
     @field_validator("log_level")
     @classmethod
     def _known_log_level(cls, v: str) -> str:
@@ -298,6 +308,13 @@ class Settings(BaseSettings):
         ge=256,
         description="A dead letter keeps at most this many bytes of the entry's fields (plus their size "
         "and SHA-256), not the whole payload.",
+    )
+    read_max_bytes: int | None = Field(
+        None,
+        description="Bytes of entries (field names + values) one window reads from Redis at most, measured in Redis "
+        "before anything is sent (at least one entry per read); an entry over 2 x TRIAGE_MAX_TEXT_BYTES + 4096 comes "
+        "as its size and first bytes only and is dead-lettered, never read whole. Unset: the tickets a window asks "
+        "for x TRIAGE_MAX_TEXT_BYTES.",
     )
     drain_redis_timeout_s: float = Field(
         30.0,

@@ -154,8 +154,8 @@ def test_a_group_recreated_during_a_read_of_our_pending_entries_is_read_from_the
     client.xreadgroup("triage", "reader-test", {stream: ">"}, count=3)  # delivered to us, not acked
     read = source.read_own_pending
 
-    def recreated_meanwhile(after_id, count, held=()):
-        got = read(after_id, count, held)
+    def recreated_meanwhile(after_id, count, held=(), **limits):
+        got = read(after_id, count, held, **limits)
         guard.epoch += 1  # what GroupGuard.recover does on the other thread, listeners included
         reader._group_recreated()
         return got
@@ -194,6 +194,8 @@ def test_an_entry_that_gives_a_field_twice_is_dead_lettered_with_its_fields_as_s
     recipe = hashlib.sha256(b"".join(b"%d:%s," % (len(p), p) for p in raw)).hexdigest()  # docs/worker.md's
     assert letter["payload_sha256"] == recipe and letter["payload_bytes"] == str(sum(map(len, raw)))
     assert json.loads(letter["payload"]) == {"id": "D-1", "text": "good text", "text#2": ""}
-    # a claim reads it the same way
-    _, claimed, _ = client.xautoclaim(stream, "triage", "other", 0, start_id="0-0")
-    assert claimed[0][1].repeated() == ["text"]
+    # a claim and a re-read of our own pending entries read it the same way
+    claimed, _, _ = StreamSource(client, stream, "triage", "other").autoclaim("0-0", 10, 0)
+    assert claimed[0].fields.repeated() == ["text"]
+    (own,), _ = StreamSource(client, stream, "triage", "other").read_own_pending("0", 10)
+    assert own.fields.repeated() == ["text"] and own.deliveries == 3

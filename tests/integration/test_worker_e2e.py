@@ -171,10 +171,11 @@ def test_bad_inputs_are_dead_lettered_with_reasons_and_neighbours_classified(wor
 
 
 def test_dead_letter_keeps_a_bounded_excerpt_with_size_and_hash(worker, stream_env, r):
-    """A 5 MB ticket is refused (too large); its dead letter and latest-result key hold an excerpt of at
-    most 4 KB (TRIAGE_DEAD_LETTER_EXCERPT_BYTES), the entry's size and a hash, not 5 MB twice."""
+    """A ticket over TRIAGE_MAX_TEXT_BYTES is refused; its dead letter and latest-result key hold an excerpt of at
+    most 4 KB (TRIAGE_DEAD_LETTER_EXCERPT_BYTES), the entry's size and a hash, not the ticket twice. (An entry too
+    large to read, over 2 x TRIAGE_MAX_TEXT_BYTES + 4096, has no hash: tests/integration/test_read_bound.py.)"""
     stream = stream_env["TRIAGE_INPUT_STREAM"]
-    fields = {"id": "huge-1", "text": "x" * 5_000_000, "channel": "mail"}
+    fields = {"id": "huge-1", "text": "x" * 9_000, "channel": "mail"}  # read whole: at most 2 x 3000 + 4096 bytes
     huge = r.xadd(stream, fields)
     blank = r.xadd(stream, {"id": "blank-1", "text": "  "})
     settled = wait_settled(r, stream_env, [huge, blank], timeout_s=60)

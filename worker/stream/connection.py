@@ -138,8 +138,9 @@ def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Re
 def reply_parser() -> str:
     """Which reply parser redis-py uses: ``hiredis`` (C, a dependency) or ``python`` (its fallback).
 
-    A window of 4,096 tickets is one XREADGROUP reply of ~40,000 elements: ~15 ms to parse with hiredis,
-    ~100 ms in pure Python, all of it holding the GIL that the thread launching the passes needs."""
+    A window of 4,096 tickets is one read script's reply of ~25,000 elements (read_scripts.py): 8-14 ms of the
+    reader's CPU with hiredis, several times that in pure Python (~100 ms for the XREADGROUP reply it replaced), all
+    of it holding the GIL that the thread launching the passes needs."""
     from redis.utils import HIREDIS_AVAILABLE
 
     return "hiredis" if HIREDIS_AVAILABLE else "python"

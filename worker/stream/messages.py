@@ -61,6 +61,60 @@ class EntryFields(dict):
 
 DELETED_REASON = "the entry has no fields (it was probably deleted from the stream with XDEL or XTRIM)"
 
+ENTRY_SLACK_BYTES = 4096  # beyond text + subject and meta at their limit: the id, field names, small fields
+
+
+def entry_max_bytes(max_text_bytes: int) -> int:
+    """The largest entry the worker reads whole (field names + values): text + subject and meta each at
+    TRIAGE_MAX_TEXT_BYTES, plus ``ENTRY_SLACK_BYTES``. A larger one can be a valid ticket only through fields the
+    worker ignores; it is dead-lettered from what Redis measured of it (``Unread``), never read (read_scripts.py)."""
+    return 2 * max_text_bytes + ENTRY_SLACK_BYTES
+
+
+@dataclass(frozen=True)
+class Unread:
+    """An entry too large to read: what the read script measured of it in Redis, instead of its fields."""
+
+    size: int  # bytes of its field names and values
+    n_fields: int
+    fields: tuple[tuple[bytes, int, bytes], ...]  # its first 32: name (first 64 bytes), value size, value's first bytes
+    limit: int  # the entry_max_bytes it was over
+    max_text_bytes: int
+
+    def ticket_id(self, stream_id: str) -> str | None:
+        """The ticket id ``parse_entry`` gives (so a waiter on it learns the outcome): its ``id`` field when that came
+        whole and is valid, the stream id when it has none; None when it cannot be told (an id cut, invalid or given
+        twice, or fields past the 32 measured)."""
+        ids = [(n, v) for name, n, v in self.fields if name == b"id"]
+        if not ids:
+            return stream_id if self.n_fields == len(self.fields) else None
+        if len(ids) != 1 or ids[0][0] != len(ids[0][1]):
+            return None
+        got = _decode(ids[0][1], "id")
+        return None if isinstance(got, Rejected) or id_problem(got) else got
+
+    def reason(self) -> str:
+        """The dead letter's reason: the field over its limit when one is (what the producer must fix), and that the
+        entry was not read, which is why the dead letter has no hash."""
+        sizes: dict[bytes, int] = {}
+        for name, n, _ in self.fields:
+            sizes[name] = sizes.get(name, 0) + n
+        text, meta, m = sizes.get(b"text", 0) + sizes.get(b"subject", 0), sizes.get(b"meta", 0), self.max_text_bytes
+        if b"text" in sizes and text > m:
+            what = "text" if b"subject" not in sizes else "subject + text"
+            head = f"{what} is {text} bytes, over the limit of {m} bytes (TRIAGE_MAX_TEXT_BYTES)"
+        elif meta > m:
+            head = f"meta is {meta} bytes, over the limit of {m} bytes (TRIAGE_MAX_TEXT_BYTES)"
+        else:
+            head = (
+                f"the entry is over the {self.limit} bytes a ticket can take "
+                f"(2 x TRIAGE_MAX_TEXT_BYTES + {ENTRY_SLACK_BYTES} for the id and other fields)"
+            )
+        return (
+            f"{head}; the entry ({self.size} bytes) was too large to read, so this dead letter has its size and "
+            "the first bytes of its fields, no SHA-256"
+        )
+
 
 def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_bytes: int) -> Ticket | Rejected:
     """Validate one entry's flat fields. Unknown fields are ignored (they stay in the dead-letter payload)."""

@@ -200,10 +200,11 @@ class Reader(threading.Thread):
 
     def _read(self) -> tuple[str, list[RawEntry]]:
         t0 = time.perf_counter()
+        budget = self.source.limits.budget(self.cap_items)  # bytes this window may read (TRIAGE_READ_MAX_BYTES)
         try:
             if self._pending_cursor is not None:
                 got, cursor = self.source.read_own_pending(
-                    self._pending_cursor, self.cap_items, held=self.in_flight.snapshot(self._epoch)
+                    self._pending_cursor, self.cap_items, held=self.in_flight.snapshot(self._epoch), max_bytes=budget
                 )
                 # not if the group was recreated meanwhile: its reset to "0" stands
                 self.guard.in_epoch(self._epoch, lambda: setattr(self, "_pending_cursor", cursor))
@@ -212,7 +213,7 @@ class Reader(threading.Thread):
                     return "pending", fresh
             if time.monotonic() >= self._next_claim_s:
                 got, claim_cursor, deleted = self.source.autoclaim(
-                    self._claim_cursor, self.cap_items, self.claim_idle_ms
+                    self._claim_cursor, self.cap_items, self.claim_idle_ms, max_bytes=budget
                 )
                 self.guard.in_epoch(self._epoch, lambda: self._keep_claim_cursor(claim_cursor))  # as above
                 if deleted:
@@ -229,7 +230,7 @@ class Reader(threading.Thread):
                     )
                 if fresh:
                     return "claimed", fresh
-            return "new", self._drain_new()
+            return "new", self._drain_new(budget)
         finally:
             self._read_ms = (time.perf_counter() - t0) * 1000
 
@@ -279,20 +280,23 @@ class Reader(threading.Thread):
         self.in_flight.add([e.stream_id for e in fresh], self._epoch)
         return fresh
 
-    def _drain_new(self) -> list[RawEntry]:
-        """Up to N entries: block until the first arrives, then at most max_wait_ms more to fill."""
+    def _drain_new(self, budget: int) -> list[RawEntry]:
+        """Up to N entries and ``budget`` bytes: wait until the first arrives, then at most max_wait_ms more to fill."""
         block = self.DRAIN_BLOCK_MS if self.drain else self.IDLE_BLOCK_MS
-        got = self._take(self.source.read_new(self.cap_items, block))
+        read = self.source.read_new(self.cap_items, block, budget)
+        budget -= read.looked_at
+        got = self._take(read)
         self._partial = got
         if not got:
             return got
         first_s = time.monotonic()
-        while len(got) < self.cap_items and not self.stop.is_set():
+        while len(got) < self.cap_items and budget > 0 and not self.stop.is_set():
             left_ms = self.max_wait_ms - (time.monotonic() - first_s) * 1000
             if left_ms < 1:
                 break
-            more = self._take(self.source.read_new(self.cap_items - len(got), int(left_ms)))
-            got.extend(more)
+            read = self.source.read_new(self.cap_items - len(got), int(left_ms), budget)
+            budget -= read.looked_at
+            got.extend(self._take(read))
         return got
 
     def _on_read_error(self, e: Exception) -> None:

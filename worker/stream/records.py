@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from worker.engine.types import Prediction
+from worker.stream.messages import Unread
 
 
 def stream_id_ms(stream_id: str | bytes) -> int:
@@ -79,19 +80,27 @@ def dead_letter_fields(
     ticket_id: str | None = None,
     worker: str = "",
     excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES,
+    unread: Unread | None = None,
 ) -> dict[str, str]:
     """A dead letter: the reason, and the entry's fields as a bounded excerpt with their size and hash.
 
     Why not the whole payload: it is stored twice (the dead-letter stream and the latest-result
-    key), so a 5 MB ticket cost 6.3 MB of Redis memory as a dead letter; 128 of them took 1.3 GB."""
-    excerpt, cut = payload_excerpt(payload, excerpt_bytes)
+    key), so a 5 MB ticket cost 6.3 MB of Redis memory as a dead letter; 128 of them took 1.3 GB.
+    ``unread``: the entry was too large to read (``payload`` holds the first bytes of its fields): its size is
+    the one Redis measured, and its hash is empty, as it would take the whole entry."""
+    if unread is None:
+        excerpt, cut = payload_excerpt(payload, excerpt_bytes)
+        size, digest = payload_size(payload), payload_sha256(payload)
+    else:
+        excerpt, cut = payload_excerpt(payload, excerpt_bytes, n_fields=unread.n_fields)
+        size, digest = unread.size, ""
     fields = {
         "stream_id": stream_id,
         "reason": reason,
         "payload": excerpt,
         "payload_truncated": "1" if cut else "0",
-        "payload_bytes": str(payload_size(payload)),
-        "payload_sha256": payload_sha256(payload),
+        "payload_bytes": str(size),
+        "payload_sha256": digest,
         "deliveries": str(deliveries),
         "worker": worker,
         "dead_at_ms": str(int(time.time() * 1000)),
@@ -117,29 +126,32 @@ def _distinct(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-def payload_excerpt(payload: Mapping[Any, Any], limit_bytes: int) -> tuple[str, bool]:
+def payload_excerpt(payload: Mapping[Any, Any], limit_bytes: int, *, n_fields: int | None = None) -> tuple[str, bool]:
     """The fields as a JSON object of at most ``limit_bytes`` UTF-8 bytes; True if anything was cut.
 
     Undecodable bytes appear as ``\\xNN`` escapes. When cut: at most 32 fields (names up to 64
     characters), each value shortened to the same length and ended with "…", and a field "…"
-    saying how many fields were left out."""
+    saying how many fields were left out. ``n_fields``: ``payload`` is already an excerpt (the first bytes
+    of the first fields of an entry of that many fields): always cut."""
     pairs = _distinct([(_text(k), _text(v)) for k, v in _items(payload)])
-    whole = json.dumps(dict(pairs), ensure_ascii=False)
-    if len(whole.encode("utf-8")) <= limit_bytes:
-        return whole, False
+    if n_fields is None:
+        whole = json.dumps(dict(pairs), ensure_ascii=False)
+        if len(whole.encode("utf-8")) <= limit_bytes:
+            return whole, False
+    total = len(pairs) if n_fields is None else n_fields
     cap = limit_bytes
     while cap > 0:
         cut = {
             name[:_EXCERPT_MAX_NAME]: value if len(value) <= cap else value[:cap] + "…"
             for name, value in pairs[:_EXCERPT_MAX_FIELDS]
         }
-        if len(pairs) > _EXCERPT_MAX_FIELDS:
-            cut["…"] = f"{len(pairs) - _EXCERPT_MAX_FIELDS} more fields"
+        if total > _EXCERPT_MAX_FIELDS:
+            cut["…"] = f"{total - _EXCERPT_MAX_FIELDS} more fields"
         text = json.dumps(cut, ensure_ascii=False)
         if len(text.encode("utf-8")) <= limit_bytes:
             return text, True
         cap //= 2
-    return json.dumps({"…": f"{len(pairs)} fields, too large to excerpt"}), True
+    return json.dumps({"…": f"{total} fields, too large to excerpt"}), True
 
 
 def payload_size(payload: Mapping[Any, Any]) -> int:

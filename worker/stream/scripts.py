@@ -9,7 +9,8 @@ atomically like MULTI/EXEC (nothing interleaves; AOF and replicas get its effect
 one transaction).
 
 Called with EVALSHA, falling back to EVAL when the server does not know the script
-(after a restart): the worker's ACL user needs ``+evalsha +eval``.
+(after a restart): the worker's ACL user needs ``+evalsha +eval``. The reads of the
+input stream are scripts too (``read_scripts.py``: every entry measured before it is sent).
 """
 
 from __future__ import annotations
@@ -225,38 +226,6 @@ return #ids
 )
 
 
-READ_OWN = r"""
--- Hand this consumer its own pending entries again (at start, after a reconnect or a recreated group), except
--- those it still holds: XREADGROUP <id> would count a delivery for every pending entry, held ones included, so a
--- few Redis blips during one long window would push a healthy ticket past TRIAGE_MAX_DELIVERIES. Each entry handed
--- out is XCLAIMed by its owner (a delivery counted, as a restart must count it); one deleted from the stream is
--- returned without fields and left pending (XCLAIM would drop it), so the worker dead-letters and acks it.
--- KEYS[1] input stream; ARGV[1] group, ARGV[2] consumer, ARGV[3] start ('-' or '(<id>'), ARGV[4] page size,
--- ARGV[5..] the ids it holds. Returns {last id of the page or '' when the page was the last, then per entry handed
--- out: id, times delivered (this delivery included), its fields (flat) or false when deleted}.
-local stream, group, consumer, count = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[4])
-local held = {}
-for k = 5, #ARGV do held[ARGV[k]] = true end
-local page = redis.call('XPENDING', stream, group, ARGV[3], '+', count, consumer)  -- NOGROUP raises here
-local out = {''}
-if #page == count then out[1] = page[#page][1] end
-for _, row in ipairs(page) do
-  local id, times = row[1], row[4]
-  if not held[id] then
-    local fields = false
-    if #redis.call('XRANGE', stream, id, id) > 0 then
-      local got = redis.call('XCLAIM', stream, group, consumer, 0, id)
-      if got[1] then fields, times = got[1][2], times + 1 end
-    end
-    out[#out + 1] = id
-    out[#out + 1] = times
-    out[#out + 1] = fields
-  end
-end
-return out
-"""
-
-
 HEARTBEAT = r"""
 -- Write a heartbeat only where the consumer name is still this process's own. A keeper frozen past its TTL (SIGSTOP,
 -- a long Redis outage) must not overwrite the beat of the process that took the name over meanwhile, and a claim
@@ -346,7 +315,6 @@ def error_code(e: BaseException) -> str:
 
 settle_script = Script(SETTLE)
 refresh_script = Script(REFRESH)
-read_own_script = Script(READ_OWN)
 heartbeat_script = Script(HEARTBEAT)
 release_script = Script(RELEASE)
 leave_script = Script(LEAVE)

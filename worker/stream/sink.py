@@ -133,37 +133,6 @@ class ResultSink:
     def result_key(self, ticket_id: str) -> str:
         return self.result_key_prefix + ticket_id
 
-    def refused_commands(self) -> list[str]:
-        """The settle script's commands Redis refuses this client on the keys it writes (ACL), found without writing.
-
-        Asked at start-up, before the worker reads: a refusal found by a write comes after its entries were
-        delivered, and every restart of a worker that stops on it would count one more delivery of them (dead
-        letters after TRIAGE_MAX_DELIVERIES). Each probe passes the real command's ACL check on a real key and then
-        does nothing: XACK of id 0-0, a one-entry XPENDING, XADD NOMKSTREAM with id 0-0 (refused: ids start above
-        it), GET, and SET with expiry 0 (refused)."""
-        key = self.result_key("permission-probe")
-        pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command("XACK", self.input_stream, self.group, "0-0")
-        pipe.xpending_range(self.input_stream, self.group, min="-", max="+", count=1)
-        for stream in (self.results_stream, self.dead_letter_stream):
-            pipe.execute_command("XADD", stream, "NOMKSTREAM", "0-0", "probe", "1")
-        pipe.execute_command("GET", key)
-        pipe.execute_command("SET", key, "1", "EX", "0")
-        probed = [
-            ("XACK", self.input_stream),
-            ("XPENDING", self.input_stream),
-            ("XADD", self.results_stream),
-            ("XADD", self.dead_letter_stream),
-            ("GET", key),
-            ("SET", key),
-        ]
-        replies = pipe.execute(raise_on_error=False)
-        return [
-            f"{cmd} {on}: {r}"
-            for (cmd, on), r in zip(probed, replies)
-            if isinstance(r, redis.RedisError) and is_permission_error(str(r))
-        ]
-
     def write(self, outcome: Outcome) -> Written:
         """Results (+ latest keys), dead letters (+ key if the id is known) and XACK, in one atomic script.
 

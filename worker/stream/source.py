@@ -1,29 +1,68 @@
 """Reading the input stream through a consumer group: new entries, this consumer's own
-pending entries, entries reclaimed from dead consumers (XAUTOCLAIM), delivery counts.
+pending entries, entries reclaimed from dead consumers (XAUTOCLAIM's work), delivery counts.
 
-Only Redis calls live here; the policy of when to call what is in ``reader.py``.
+Every read is a script that measures each entry in Redis first (``read_scripts.py``): a read
+brings at most a byte budget plus one entry, and an entry too large to be a ticket comes as
+its measure (``Unread``), never whole. Only Redis calls live here; the policy of when to call
+what is in ``reader.py``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from worker.stream.messages import EntryFields, as_text
-from worker.stream.scripts import read_own_script, refresh_script
+from worker.stream.messages import EntryFields, Unread, as_text, entry_max_bytes
+from worker.stream.read_scripts import any_after_script, claim_script, read_new_script, read_own_script
+from worker.stream.records import DEAD_LETTER_EXCERPT_BYTES
+from worker.stream.scripts import refresh_script
 
-PENDING_PAGE = 1000  # XPENDING rows per call when reading delivery counts
+# Scripts cannot block: an empty read is asked again after 1 ms, then twice as long each time, at most this long,
+# until the caller's block time is up (a new ticket waits at most this long for an idle worker).
+POLL_MAX_S = 0.02
+CUT = "…".encode()  # ends a value of an unread entry that came cut
 
 
 @dataclass
 class RawEntry:
     stream_id: str
-    fields: dict | None  # raw bytes -> bytes; None/{} when the entry was deleted
+    fields: dict | None  # raw bytes -> bytes; None/{} when the entry was deleted; the first bytes when ``unread``
     deliveries: int  # times delivered, this delivery included (XPENDING)
     source: str  # "new" | "pending" | "claimed"
+    unread: Unread | None = None  # too large to read: what Redis measured of it instead (dead-lettered)
+
+
+class Entries(list):
+    """The entries of one read, and the bytes of every entry it looked at (``looked_at``; unread ones in full)."""
+
+    looked_at = 0
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """How much one read may bring into the worker. ``max_bytes`` (TRIAGE_READ_MAX_BYTES) bounds a window's
+    reads; unset, it is the tickets asked for x ``max_text_bytes``. An entry over ``entry_max_bytes`` comes as its
+    measure and the first bytes of its first 32 fields, ``excerpt_bytes`` in all (a dead letter keeps no more)."""
+
+    max_text_bytes: int = 65_536
+    excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES
+    max_bytes: int | None = None
+
+    @classmethod
+    def for_worker(cls, settings) -> ReadLimits:
+        return cls(settings.max_text_bytes, settings.dead_letter_excerpt_bytes, settings.read_max_bytes)
+
+    @property
+    def entry_max_bytes(self) -> int:
+        return entry_max_bytes(self.max_text_bytes)
+
+    def budget(self, items: int) -> int:
+        """Bytes a window of ``items`` tickets may read."""
+        return self.max_bytes if self.max_bytes is not None else max(items, 1) * self.max_text_bytes
 
 
 @dataclass(frozen=True)
@@ -34,11 +73,12 @@ class GroupState:
 
 
 class StreamSource:
-    def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str):
-        self.client = keep_field_pairs(client)
+    def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str, limits: ReadLimits | None = None):
+        self.client = client
         self.stream = stream
         self.group = group
         self.consumer = consumer
+        self.limits = limits or ReadLimits()
 
     # ------------------------------------------------------------------ setup
     @property
@@ -75,65 +115,80 @@ class StreamSource:
         return as_text(self.client.type(key))
 
     # ------------------------------------------------------------------ reads
-    def read_new(self, count: int, block_ms: int | None) -> list[RawEntry]:
-        """XREADGROUP ... > : entries never delivered to anyone (first delivery, count 1)."""
-        reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
-        return [RawEntry(as_text(i), f, 1, "new") for i, f in _entries(reply)]
+    def read_new(self, count: int, block_ms: int | None = None, max_bytes: int | None = None) -> Entries:
+        """Entries never delivered to anyone (XREADGROUP >; first delivery, count 1): at most ``count``, and no more
+        once they reach ``max_bytes`` (default: the budget of ``count`` tickets). With ``block_ms``, waits that long
+        for the first one, asking again every few ms (``POLL_MAX_S``): a blocking read would hand over whatever
+        entry woke it, whatever its size."""
+        budget = self.limits.budget(count) if max_bytes is None else max_bytes
+        got = self._read_new(count, budget)
+        if got or not block_ms:
+            return got
+        deadline, pause = time.monotonic() + block_ms / 1000, 0.001
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(pause, left))
+            got = self._read_new(count, budget)
+            if got:
+                break
+            pause = min(2 * pause, POLL_MAX_S)
+        return got
+
+    def _read_new(self, count: int, budget: int) -> Entries:
+        whole, unread, looked_at = read_new_script(self.client, [self.stream], [*self._head(budget), count])
+        got = self._entries(whole, unread, "new")
+        got.looked_at = looked_at
+        return got
 
     def read_own_pending(
-        self, after_id: str, count: int, held: Sequence[str] = ()
+        self, after_id: str, count: int, held: Sequence[str] = (), max_bytes: int | None = None
     ) -> tuple[list[RawEntry], str | None]:
         """This consumer's delivered-but-unacked entries after ``after_id`` ("0": from the first), except ``held``
-        (read by this process and not settled yet), and where the next page starts (None: this was the last).
+        (read by this process and not settled yet), up to ``max_bytes``, and where the next page starts (None: this
+        was the last).
 
         Each entry handed out counts as another delivery, which is what makes a restart loop on one poison entry
-        visible in its delivery count; held entries are not counted again (scripts.READ_OWN)."""
+        visible in its delivery count; held entries are not counted again (read_scripts.READ_OWN)."""
         start = "-" if after_id in ("0", "0-0") else "(" + after_id
-        reply = read_own_script(self.client, [self.stream], [self.group, self.consumer, start, count, *held])
-        entries = [
-            RawEntry(as_text(reply[k]), _field_dict(reply[k + 2]), int(reply[k + 1]), "pending")
-            for k in range(1, len(reply), 3)
-        ]
-        return entries, as_text(reply[0]) or None
+        budget = self.limits.budget(count) if max_bytes is None else max_bytes
+        cursor, whole, unread = read_own_script(self.client, [self.stream], [*self._head(budget), start, count, *held])
+        return self._entries(whole, unread, "pending"), as_text(cursor) or None
 
-    def autoclaim(self, cursor: str, count: int, min_idle_ms: int) -> tuple[list[RawEntry], str, list[str]]:
-        """XAUTOCLAIM entries idle >= ``min_idle_ms`` (from any consumer, dead or stuck).
+    def autoclaim(
+        self, cursor: str, count: int, min_idle_ms: int, max_bytes: int | None = None
+    ) -> tuple[list[RawEntry], str, list[str]]:
+        """Claim entries idle >= ``min_idle_ms`` (from any consumer, dead or stuck), as XAUTOCLAIM does, up to
+        ``max_bytes`` (read_scripts.CLAIM).
 
         Returns (entries now ours, next cursor ("0-0" = scan complete), ids that were
-        pending but deleted from the stream; Redis drops those from the PEL itself)."""
-        reply = self.client.xautoclaim(
-            self.stream, self.group, self.consumer, min_idle_ms, start_id=cursor, count=count
+        pending but deleted from the stream; dropped from the PEL as XAUTOCLAIM drops them)."""
+        budget = self.limits.budget(count) if max_bytes is None else max_bytes
+        next_cursor, whole, unread, deleted = claim_script(
+            self.client, [self.stream], [*self._head(budget), min_idle_ms, cursor, count]
         )
-        next_cursor, claimed = as_text(reply[0]), reply[1] or []
-        deleted = [as_text(i) for i in reply[2]] if len(reply) > 2 and reply[2] else []
-        entries = [RawEntry(as_text(i), f, 0, "claimed") for i, f in claimed if i is not None]
-        self._fill_deliveries(entries)
-        return entries, next_cursor, deleted
+        return self._entries(whole, unread, "claimed"), as_text(next_cursor), [as_text(i) for i in deleted or []]
 
-    def _fill_deliveries(self, entries: list[RawEntry]) -> None:
-        counts = self.delivery_counts([e.stream_id for e in entries])
-        for e in entries:
-            e.deliveries = counts.get(e.stream_id, 1)
+    def _head(self, budget: int) -> list:
+        """The arguments every read script starts with (read_scripts.py)."""
+        return [max(budget, 1), self.limits.entry_max_bytes, self.limits.excerpt_bytes, self.group, self.consumer]
 
-    def delivery_counts(self, ids: list[str]) -> dict[str, int]:
-        """How often each of ``ids`` was delivered, for those pending on this consumer: one XPENDING range scan
-        from the lowest to the highest id (pages of ``PENDING_PAGE``), not one XPENDING per id."""
-        if not ids:
-            return {}
-        wanted = set(ids)
-        start, hi = min(ids, key=id_order), max(ids, key=id_order)
-        out: dict[str, int] = {}
-        while True:
-            rows = self.client.xpending_range(
-                self.stream, self.group, min=start, max=hi, count=PENDING_PAGE, consumername=self.consumer
-            )
-            for row in rows:
-                i = as_text(row["message_id"])
-                if i in wanted:
-                    out[i] = int(row["times_delivered"])
-            if len(rows) < PENDING_PAGE:
-                return out
-            start = "(" + as_text(rows[-1]["message_id"])
+    def _entries(self, whole: list, unread: list, source: str) -> Entries:
+        """A script's flat (id, times delivered, fields) triples, then its markers, as entries."""
+        got = Entries(
+            [
+                RawEntry(as_text(whole[k]), _field_dict(whole[k + 2]), int(whole[k + 1]), source)
+                for k in range(0, len(whole), 3)
+            ]
+        )
+        for k in range(0, len(unread), 3):
+            got.append(self._unread(as_text(unread[k]), int(unread[k + 1]), unread[k + 2], source))
+        return got
+
+    def _unread(self, stream_id: str, deliveries: int, m: list, source: str) -> RawEntry:
+        """A marker as an entry: its first bytes as its fields (for the dead letter), its measure as ``unread``."""
+        fields = tuple((m[j], int(m[j + 1]), m[j + 2]) for j in range(2, len(m), 3))
+        measure = Unread(int(m[0]), int(m[1]), fields, self.limits.entry_max_bytes, self.limits.max_text_bytes)
+        head = EntryFields([x for name, n, first in fields for x in (name, first if n == len(first) else first + CUT)])
+        return RawEntry(stream_id, head, deliveries, source, measure)
 
     # ------------------------------------------------------------------ state
     def group_state(self) -> GroupState | None:
@@ -155,8 +210,8 @@ class StreamSource:
         if state.pending:
             return False
         # precise even when XINFO's lag is unknown (after XDEL): is there an entry past the last delivered one?
-        after = self.client.xrange(self.stream, min="(" + state.last_delivered_id, max="+", count=1)
-        return not after
+        # (asked in Redis: that entry may be one too large to read)
+        return not any_after_script(self.client, [self.stream], [state.last_delivered_id])
 
     def refresh(self, ids: list[str]) -> int:
         """Reset the idle time of those of ``ids`` still pending on this consumer (see scripts.REFRESH)."""
@@ -187,49 +242,10 @@ def id_before(stream_id: str) -> str:
 
 
 def _field_dict(flat: Any) -> dict | None:
-    """A flat [name, value, ...] reply (a script's, XREADGROUP's, XAUTOCLAIM's) as the entry's fields (None: the
-    entry was deleted; Lua's false arrives as a null over RESP2 and as a boolean over RESP3)."""
+    """A flat [name, value, ...] reply (a read script's) as the entry's fields (None: the entry was deleted; Lua's
+    false arrives as a null over RESP2 and as a boolean over RESP3)."""
     if not isinstance(flat, list):
         return None
     pairs = iter(flat)
     fields = dict(zip(pairs, pairs))  # as fast as redis-py's own parser: a window is thousands of entries
     return fields if 2 * len(fields) == len(flat) else EntryFields(flat)  # a name given twice: keep every pair
-
-
-def _stream_list(rows: Any) -> list:
-    """redis-py's ``parse_stream_list``, the fields kept as ``EntryFields`` (raw pairs, repeated names)."""
-    return [(r[0], _field_dict(r[1])) if r is not None else (None, None) for r in rows or []]
-
-
-def _parse_xread(response: Any, **options: Any) -> Any:
-    """XREADGROUP's reply in redis-py's shape (RESP2 list, RESP3 map), fields as ``EntryFields``."""
-    if response is None:
-        return []
-    if isinstance(response, dict):
-        return {name: [_stream_list(rows)] for name, rows in response.items()}
-    return [[r[0], _stream_list(r[1])] for r in response]
-
-
-def _parse_xautoclaim(response: Any, **options: Any) -> Any:
-    if options.get("parse_justid", False):
-        return response[1]
-    response[1] = _stream_list(response[1])
-    return response
-
-
-def keep_field_pairs(client: redis.Redis) -> redis.Redis:
-    """Have ``client`` read entries as ``EntryFields``: redis-py's own parsers make a dict of each entry, keeping a
-    repeated name's last value only (``text`` sent twice: classified on the second, dead-lettered on an empty one)."""
-    client.set_response_callback("XREADGROUP", _parse_xread)
-    client.set_response_callback("XAUTOCLAIM", _parse_xautoclaim)
-    return client
-
-
-def _entries(reply: Any) -> list[tuple[Any, Any]]:
-    """Flatten redis-py's XREADGROUP reply (RESP2 list or RESP3 dict) to (id, fields) pairs."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        streams = reply.values()
-        return [pair for s in streams for pair in (s[0] if s and isinstance(s[0], list) else s)]
-    return [pair for _name, pairs in reply for pair in pairs]

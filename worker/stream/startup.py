@@ -13,13 +13,13 @@ from typing import Any
 
 import redis
 
+from worker.key_checks import refused_commands
 from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.connection import Backoff, connect, is_passing, passing_state, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
 from worker.stream.shutdown import Shutdown
-from worker.stream.sink import ResultSink
-from worker.stream.source import StreamSource
+from worker.stream.source import ReadLimits, StreamSource
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 PERMISSION_FIX = (
@@ -49,7 +49,8 @@ def start(settings, *, drain: bool) -> Started | int:
     shutdown = Shutdown(log)
     shutdown.install()
     client = connect(settings.redis_url, socket_timeout_s=socket_timeout_for(settings.max_wait_ms))
-    source = StreamSource(client, settings.input_stream, settings.group, settings.consumer)
+    limits = ReadLimits.for_worker(settings)  # what one read may bring (TRIAGE_READ_MAX_BYTES)
+    source = StreamSource(client, settings.input_stream, settings.group, settings.consumer, limits)
     ready = _setup(source, settings, shutdown, log, give_up_s=settings.drain_redis_timeout_s if drain else None)
     if ready != "ok":
         if ready == "stopped":
@@ -208,7 +209,7 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                         fix="rename the key or point TRIAGE_*_STREAM elsewhere",
                     )
                     return "config"
-            refused = ResultSink.for_worker(source.client, settings).refused_commands()
+            refused = refused_commands(source.client, settings)  # every command the worker sends (key_checks)
             if refused:
                 log.error("permission_denied", error="; ".join(refused), action=PERMISSION_FIX)
                 return "config"
@@ -219,7 +220,11 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
             return "ok"
         except Exception as e:  # noqa: BLE001
             if not is_passing(e):  # NOPERM, WRONGTYPE: the settings' to fix (a wrong password waits: a ConnectionError)
-                log.error("setup_failed", error=f"{type(e).__name__}: {e}")
+                refused = _refusals(source, settings)  # the ACL's refusals, all of them, explain it better
+                if refused:
+                    log.error("permission_denied", error="; ".join(refused), action=PERMISSION_FIX)
+                else:
+                    log.error("setup_failed", error=f"{type(e).__name__}: {e}")
                 return "config"
             waited_s = time.monotonic() - t0
             state, fix = passing_state(e)
@@ -254,6 +259,15 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 retried_after_s=round(delay, 2),
             )
     return "stopped"
+
+
+def _refusals(source: StreamSource, settings) -> list[str]:
+    """``refused_commands`` after a set-up step failed ([] when it cannot be asked): that step's own error says too
+    little (a MULTI refused reads "EXEC without MULTI", an XGROUP CREATE refused names no key) and only the first."""
+    try:
+        return refused_commands(source.client, settings)
+    except Exception:  # noqa: BLE001 - the setup's own error is reported instead
+        return []
 
 
 def _quietly(fn) -> None:

@@ -64,7 +64,10 @@ def build_window(
     w = Window(entries=entries, source=source)
     candidates: list[tuple[RawEntry, Ticket]] = []
     for e in entries:
-        parsed = parse_entry(e.stream_id, e.fields, max_text_bytes=max_text_bytes)
+        if e.unread is None:
+            parsed = parse_entry(e.stream_id, e.fields, max_text_bytes=max_text_bytes)
+        else:  # too large to read: only its measure came (source.py)
+            parsed = Rejected(e.stream_id, e.unread.ticket_id(e.stream_id), e.unread.reason())
         if e.deliveries > max_deliveries:  # poison: never hand it to the model again
             w.rejected.append((e, parsed.ticket_id, poison_reason(e.deliveries, max_deliveries)))
         elif isinstance(parsed, Rejected):
@@ -158,4 +161,5 @@ def _dead(entry: RawEntry, ticket_id: str | None, reason: str, worker: str, exce
         deliveries=entry.deliveries,
         ticket_id=ticket_id,
         worker=worker,
+        unread=entry.unread,
     )
