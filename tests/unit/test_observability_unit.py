@@ -188,6 +188,8 @@ NOW = 1_000_000_000
     [
         ({"beat_at_ms": NOW}, {"pending": 0, "idle": 10}, [], "alive"),
         ({"beat_at_ms": NOW}, None, ["not_read_yet"], "alive"),
+        ({"beat_at_ms": NOW, "phase": "starting"}, None, ["not_read_yet"], "alive"),
+        ({"beat_at_ms": NOW, "phase": "idle"}, None, [], "alive"),  # ready, never handed an entry: no consumer row
         ({"beat_at_ms": NOW}, {"pending": 4, "idle": 40_000}, ["slow"], "alive"),
         (None, {"pending": 3, "idle": 1_000}, ["dead"], "dead"),
         (None, {"pending": 3, "idle": 70_000}, ["dead", "reclaimable"], "dead"),

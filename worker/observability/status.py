@@ -141,8 +141,10 @@ def _worker(name: str, beat: dict | None, xinfo: dict | None, done: int, now_ms:
             flags.append("reclaimable")  # the next XAUTOCLAIM of any live worker takes them
     elif not alive:
         flags.append("gone")  # a name left in the group by a killed worker; harmless (XGROUP DELCONSUMER removes it)
-    elif xinfo is None:
-        flags.append("not_read_yet")  # heartbeat set, first XREADGROUP not done: a worker that is starting
+    elif xinfo is None and beat.get("phase") in (None, "starting"):
+        # heartbeat set, first read not done: a worker that is starting. Not a ready one that no consumer row shows:
+        # Redis 7 adds a consumer to the group only when it first hands it an entry, so an idle worker has none
+        flags.append("not_read_yet")
     elif pending and idle_ms is not None and idle_ms >= claim_idle_ms / 2:
         flags.append("slow")  # alive, but its entries approach TRIAGE_CLAIM_IDLE_MS: another worker may reclaim them
     return {
