@@ -7,6 +7,7 @@ results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answe
 """
 
 from producer.client import BacklogFull, Submitted, TriageClient
+from producer.redis_errors import AclRefused
 from producer.results import Result
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from producer.settings import ProducerSettings
@@ -14,6 +15,7 @@ from producer.synth import generate_tickets, iter_tickets
 from producer.tickets import InvalidTicket, ticket_fields
 
 __all__ = [
+    "AclRefused",
     "BacklogFull",
     "InvalidTicket",
     "ProducerSettings",

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import redis
 
+from producer.redis_errors import partial as _partial
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
@@ -366,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C (`results --follow` handles its own): one line, what was sent
         print(f"triage-producer {args.command}: interrupted{_partial(e)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except redis.exceptions.NoPermissionError as e:  # the user's ACL is too narrow: a configuration error
+        from producer.redis_errors import refused_line
+
+        print(f"triage-producer {args.command}: {refused_line(e)}{_partial(e)}", file=sys.stderr)
+        return EXIT_USAGE
     except redis.ConnectionError as e:
         from worker.redact import mask_secrets
 
@@ -378,19 +385,6 @@ def main(argv: list[str] | None = None) -> int:
         why = mask_secrets(f"{type(e).__name__}: {e}")
         print(f"triage-producer {args.command}: Redis error: {why}{_partial(e)}", file=sys.stderr)
         return EXIT_FAILED
-
-
-def _partial(e: BaseException) -> str:
-    """What a send that Redis interrupted had sent (``TriageClient.submit_many``), if it was one."""
-    if not hasattr(e, "submitted"):
-        return ""
-    unsure, refused = len(getattr(e, "unconfirmed", [])), getattr(e, "refused", [])
-    if refused:  # Redis answered every ticket of the chunk: those it refused were not added
-        shown = ", ".join(refused[:5]) + (" ..." if len(refused) > 5 else "")
-        return f" ({len(e.submitted)} tickets sent; {len(refused)} refused, not sent: {shown}; none after that chunk)"
-    if not unsure:
-        return f" ({len(e.submitted)} tickets sent before that)"
-    return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
 
 
 if __name__ == "__main__":

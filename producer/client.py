@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from producer.redis_errors import AclRefused, asking, execute, refusal
 from producer.results import Result, as_str
 from producer.settings import ProducerSettings
 from producer.streams import StreamScan, decode_dead_letter, entry_after, follow, recent
@@ -135,6 +136,7 @@ class TriageClient:
             on_progress(len(added))
         first = next((r for r in replies if isinstance(r, Exception)), None)
         if first is not None:  # a resume re-sends these, then whatever came after this chunk
+            first = refusal(first, "XADD", self.settings.input_stream)
             refused = [tid for (tid, _), r in zip(chunk, replies) if isinstance(r, Exception)]
             first.submitted, first.unconfirmed, first.refused = list(done), [], refused  # type: ignore[attr-defined]
             raise first
@@ -147,9 +149,8 @@ class TriageClient:
         the backlog. Without a consumer group (no worker ever ran) every entry waits.
         """
         s = self.settings
-        try:
-            groups = self.redis.xinfo_groups(s.input_stream)
-        except redis.ResponseError:  # no such key: empty
+        groups = self._groups()
+        if groups is None:  # no such key: empty
             return 0
         for g in groups:
             if as_str(g.get("name")) != s.group:
@@ -161,8 +162,21 @@ class TriageClient:
             # Redis cannot tell the lag (entries were deleted): count what follows the last delivered id
             last = as_str(g.get("last-delivered-id") or "0-0")
             cap = s.input_max_backlog + 1 if s.input_max_backlog else None
-            return pending + len(self.redis.xrange(s.input_stream, min="(" + last, max="+", count=cap))
-        return int(self.redis.xlen(s.input_stream))
+            with asking("XRANGE", s.input_stream):
+                return pending + len(self.redis.xrange(s.input_stream, min="(" + last, max="+", count=cap))
+        with asking("XLEN", s.input_stream):
+            return int(self.redis.xlen(s.input_stream))
+
+    def _groups(self) -> list | None:
+        """XINFO GROUPS of the input stream; None when there is no such stream. A refusal of the ACL is raised
+        (``AclRefused``): read as "no such stream", it made the backlog 0 and the look-up of expired results nothing."""
+        try:
+            with asking("XINFO GROUPS", self.settings.input_stream):
+                return self.redis.xinfo_groups(self.settings.input_stream)
+        except AclRefused:
+            raise
+        except redis.ResponseError:
+            return None
 
     def wait_for_room(self, n: int = 1) -> None:
         """Return once ``n`` more tickets fit under ``input_max_backlog``; else ``BacklogFull``."""
@@ -192,7 +206,9 @@ class TriageClient:
         out: dict[str, Result] = {}
         for i in range(0, len(ids), GET_CHUNK):
             part = ids[i : i + GET_CHUNK]
-            for tid, raw in zip(part, self.redis.mget([self.result_key(t) for t in part])):
+            with asking("MGET", self.result_key("*")):
+                raws = self.redis.mget([self.result_key(t) for t in part])
+            for tid, raw in zip(part, raws):
                 if raw is not None:
                     out[tid] = Result.from_json(as_str(raw), ticket_id=tid)
         return out
@@ -250,7 +266,9 @@ class TriageClient:
             if len(got) == len(want) or left_s <= 0:
                 return got
             block_ms = self._block_ms(max(1, min(max_block_ms, int(left_s * 1000))))
-            if self.redis.xread(cursors, count=1, block=block_ms):
+            with asking("XREAD", ", ".join(cursors)):
+                woke = self.redis.xread(cursors, count=1, block=block_ms)
+            if woke:
                 cursors = self._stream_tails()  # woke on a write: skip past everything written so far
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
 
@@ -261,16 +279,16 @@ class TriageClient:
         s = self.settings
         if not stream_ids:
             return []
-        try:
-            groups = self.redis.xinfo_groups(s.input_stream)
-        except redis.ResponseError:  # no such stream
+        groups = self._groups()
+        if groups is None:  # no such stream
             return []
         last = next((as_str(g.get("last-delivered-id")) for g in groups if as_str(g.get("name")) == s.group), None)
         delivered = [sid for sid in stream_ids if last is not None and not entry_after(sid, last)]
         pipe = self.redis.pipeline(transaction=False)
         for sid in delivered:
             pipe.xpending_range(s.input_stream, s.group, min=sid, max=sid, count=1)
-        return [sid for sid, rows in zip(delivered, pipe.execute()) if not rows]
+        replies = execute(pipe, "XPENDING", [s.input_stream] * len(delivered))
+        return [sid for sid, rows in zip(delivered, replies) if not rows]
 
     def result(self, ticket: str | Submitted, timeout_s: float = 30.0) -> Result:
         """One ticket's result (of that submission, given a ``Submitted``).
@@ -292,11 +310,12 @@ class TriageClient:
         XREAD from here sees only new writes.
         """
         s = self.settings
+        names = (s.results_stream, s.dead_letter_stream)
         pipe = self.redis.pipeline(transaction=False)
-        for name in (s.results_stream, s.dead_letter_stream):
+        for name in names:
             pipe.xrevrange(name, count=1)
         tails = {}
-        for name, rows in zip((s.results_stream, s.dead_letter_stream), pipe.execute()):
+        for name, rows in zip(names, execute(pipe, "XREVRANGE", names)):
             tails[name] = as_str(rows[0][0]) if rows else "0-0"
         return tails
 
@@ -327,7 +346,8 @@ class TriageClient:
         """The last ``count`` dead-letter records (oldest first), decoded: ``payload`` (the rejected
         entry's fields) as a dict, ``deliveries``, ``dead_at_ms`` and ``payload_bytes`` as ints,
         ``payload_truncated`` as a bool, ``dead_letter_id``."""
-        rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
+        with asking("XREVRANGE", self.settings.dead_letter_stream):
+            rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
         return [decode_dead_letter(sid, fields) for sid, fields in reversed(rows)]
 
 

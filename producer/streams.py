@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from producer.redis_errors import asking, execute
 from producer.results import Result, as_str, decode_flat
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def recent(client: TriageClient, count: int, dead_letters: bool) -> list[Result]
     pipe = client.redis.pipeline(transaction=False)
     for name in names:
         pipe.xrevrange(name, count=count)
-    rows = [(name, sid, fields) for name, got in zip(names, pipe.execute()) for sid, fields in got]
+    rows = [(name, sid, fields) for name, got in zip(names, execute(pipe, "XREVRANGE", names)) for sid, fields in got]
     return [Result.from_stream(sid, fields) for sid, fields in _merged(rows, names[0])[-count:]]
 
 
@@ -97,7 +98,8 @@ def follow(
 def _follow(client: TriageClient, cursors: dict[str, str], block_ms: int, stop) -> Iterator[Result]:
     results_stream = client.settings.results_stream
     while not (stop and stop()):
-        reply = client.redis.xread(cursors, count=FOLLOW_COUNT, block=client._block_ms(block_ms))
+        with asking("XREAD", ", ".join(cursors)):
+            reply = client.redis.xread(cursors, count=FOLLOW_COUNT, block=client._block_ms(block_ms))
         rows = []
         for name, entries in reply or []:
             for sid, fields in entries:
@@ -143,7 +145,8 @@ class StreamScan:
         open_ids = {sid for sid, tid in self.wanted.items() if tid not in self.hits}
         for name in list(self.cursors):
             while open_ids:
-                rows = self.client.redis.xrange(name, min="(" + self.cursors[name], max="+", count=self.PAGE)
+                with asking("XRANGE", name):
+                    rows = self.client.redis.xrange(name, min="(" + self.cursors[name], max="+", count=self.PAGE)
                 for rid, fields in rows:
                     self.cursors[name] = as_str(rid)
                     sid = as_str(fields.get("stream_id") or fields.get(b"stream_id") or "")

@@ -207,12 +207,27 @@ def test_fit_and_eval_refuse_training_data_without_a_task_label_in_one_line(tiny
 
 
 def test_eval_and_fit_refuse_a_row_whose_text_is_not_a_string(tiny_env, tmp_path, capsys):
+    """Named by the line an editor shows (``file:3``): it said "row 2", which a blank line put on another line."""
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "refund please", "label": "billing"}\n{"text": null, "label": "other"}\n')
+    bad.write_text('{"text": "refund please", "label": "billing"}\n\n{"text": null, "label": "other"}\n')
     assert main(["eval", "--input", str(bad), "--no-progress"]) == 2
-    assert capsys.readouterr().err == f"eval: {bad}: row 2: 'text' must be a string, got null\n"
+    assert capsys.readouterr().err == f"eval: {bad}:3: 'text' must be a string, got null\n"
     assert main(["fit", "--input", str(bad), "--out", str(tmp_path / "h.safetensors")]) == 2
-    assert capsys.readouterr().err == f"fit: {bad}: row 2: 'text' must be a string, got null\n"
+    assert capsys.readouterr().err == f"fit: {bad}:3: 'text' must be a string, got null\n"
+
+
+def test_verify_refuses_an_object_id_naming_its_line_before_loading_the_model(tiny_env, tmp_path, capsys):
+    """It was ``str()``-ed into the id "{'a': 1}"; a file that is no JSON Lines ended in a traceback."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "T-1", "text": "refund please"}\n\n{"id": {"a": 1}, "text": "app crashes"}\n')
+    assert main(["verify", "--input", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"triage-worker verify: {bad}:3: ticket 2 of the file: id must be a string or a finite number, got a dict "
+        "(a JSON object): {'a': 1}\n"
+    )
+    bad.write_text('{"text": "refund please"}\n{"text": \n')
+    assert main(["verify", "--input", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith(f"triage-worker verify: {bad}:2: not valid JSON")
 
 
 def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys, monkeypatch):

@@ -54,3 +54,17 @@ def test_status_and_healthcheck_show_the_worker_again_as_soon_as_it_recreates_it
             ready = run_cli(env, "healthcheck", "--ready", "--consumer", "flush-a")
             assert ready.returncode == 0, ready.stderr
             assert w.stop() == 0, w.stderr_tail()
+
+
+def test_healthcheck_ready_passes_as_soon_as_the_worker_takes_work(triage_env):
+    """The heartbeat said "starting" until the keeper's next beat, a third of the TTL after the model loaded (200 s
+    here, 10 s by default): the readiness probe failed a worker that was already taking work. Leaving "starting"
+    beats at once."""
+    env = {**triage_env, "TRIAGE_CONSUMER": "ready-a", "TRIAGE_HEARTBEAT_TTL_S": str(TTL_S)}
+    with start_worker(env) as w:  # returns at "worker_ready"
+        _wait_for(
+            "healthcheck --ready passing",
+            lambda: run_cli(env, "healthcheck", "--ready", "--consumer", "ready-a").returncode == 0,
+            timeout_s=30,
+        )
+        assert w.stop() == 0, w.stderr_tail()

@@ -2,7 +2,8 @@
 --ready, only a worker past start-up (its model loaded) counts.
 
 Meant for container health checks: it only needs Redis (no model, no torch) and
-prints the live heartbeats as JSON lines on stdout.
+prints the live heartbeats as JSON lines on stdout. Its Redis user needs only SCAN and GET on the heartbeat keys
+(GET alone with --consumer): the ops ACL line of docs/reliability.md ("Security") covers it.
 """
 
 from __future__ import annotations

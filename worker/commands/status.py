@@ -2,7 +2,8 @@
 worker (heartbeat age, phase, pending, idle). Read from Redis alone, like ``rq info``: run it from any
 machine that reaches Redis; it loads no model, imports no torch and writes nothing.
 
-Uses the same TRIAGE_* settings as the workers (stream, group, key prefixes).
+Uses the same TRIAGE_* settings as the workers (stream, group, key prefixes). Its Redis user needs read rights
+only: the ops ACL line of docs/reliability.md ("Security"), tested as written.
 """
 
 from __future__ import annotations

@@ -41,16 +41,19 @@ def run(args: argparse.Namespace) -> int:
     from worker.engine.types import InvalidTicket
     from worker.engine.verify import verify
     from worker.progress import Progress
-    from worker.ticket_files import read_tickets
 
     settings = settings_from_args(args, scorer=True)  # task, model, head and scorer checked before anything loads
-    rows = read_tickets(args.input, args.limit)
+    try:
+        rows, all_ids = read_rows(args.input, args.limit)
+    except ValueError as e:  # before the model loads: one line naming the file's line
+        print(f"triage-worker verify: {e}", file=sys.stderr)
+        return 2
     clf = build_classifier(settings)
     prepared = clf.prepare([str(r["text"]) for r in rows])
     keep = [i for i, p in enumerate(prepared) if not isinstance(p, InvalidTicket)]
     skipped = len(rows) - len(keep)
     items = [prepared[i] for i in keep]
-    ids = [str(rows[i].get("id", i)) for i in keep]
+    ids = [all_ids[i] for i in keep]
     if not items:  # a PASS over no ticket would say the fast paths were checked
         first = next((p for p in prepared if isinstance(p, InvalidTicket)), None)
         print(
@@ -92,3 +95,41 @@ def run(args: argparse.Namespace) -> int:
         data = report.to_dict() | {"model": settings.model, "skipped_invalid": skipped, "passed": ok}
         args.json_out.write_text(json.dumps(data, indent=2))
     return 0 if ok else 1
+
+
+_KIND = {dict: "a dict (a JSON object)", list: "a list (a JSON array)", bool: "a boolean"}
+
+
+def read_rows(path: Path, limit: int | None) -> tuple[list[dict], list[str]]:
+    """The file's tickets and the id the report names each by (no id: its position), or a ``ValueError`` naming
+    ``file:line``: a file that cannot be read, or an id that is neither a string nor a finite number. ``str()``
+    made an object id the id "{'a': 1}", which is in no file, and a null id "None"."""
+    import csv
+    import math
+
+    from worker.ticket_files import TicketFileError, read_numbered
+
+    try:
+        numbered = read_numbered(path, limit)
+    except (OSError, TicketFileError) as e:
+        raise ValueError(str(e)) from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (save it as UTF-8): {e}") from None
+    except csv.Error as e:
+        raise ValueError(f"{path}: unreadable CSV: {e}") from None
+    ids = []
+    for i, (line, row) in enumerate(numbered):
+        given = row.get("id")
+        if given is None or given == "":
+            ids.append(str(i))
+        elif isinstance(given, str) or (
+            isinstance(given, (int, float)) and not isinstance(given, bool) and math.isfinite(given)
+        ):
+            ids.append(str(given))
+        else:
+            kind = _KIND.get(type(given)) or f"a {type(given).__name__}"
+            raise ValueError(
+                f"{path}:{line}: ticket {i + 1} of the file: id must be a string or a finite number, got {kind}: "
+                f"{given!r:.60}"
+            )
+    return [row for _, row in numbered], ids

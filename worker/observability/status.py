@@ -76,8 +76,10 @@ def _group(client: redis.Redis, t: Target) -> tuple[dict[str, Any], dict[str, di
     queue: dict[str, Any] = {"exists": False, "length": 0, "backlog": None, "pending": 0, "last_delivered_id": None}
     try:
         groups = client.xinfo_groups(t.stream)
-    except redis.ResponseError:  # no such key: no producer and no worker yet
-        return queue, {}
+    except redis.ResponseError as e:
+        if "no such key" not in str(e).lower():  # a refusal (NOPERM) or WRONGTYPE is no empty queue: said, not hidden
+            raise
+        return queue, {}  # no producer and no worker yet
     queue["length"] = int(client.xlen(t.stream))
     for g in groups:
         if g.get("name") == t.group:

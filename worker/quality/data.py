@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.ticket_files import read_tickets
+from worker.ticket_files import read_numbered
 
 # The datasets sit in ../shared/data next to the repository checkout.
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -59,22 +59,22 @@ def load_labelled(
     """Rows with non-empty text and a label. Unmapped labels pass through (CLINC's ``oos``).
 
     A row with blank text is skipped (nothing to classify); a row without a label, or whose text is not a string
-    (``null``, a number; a CSV row cut short), is a ``DataError`` naming the file and row: a broken export, not a
-    ticket to drop quietly or to read as the text "None".
+    (``null``, a number; a CSV row cut short), is a ``DataError`` naming ``file:line``, the line the row starts on as
+    an editor shows it (its position among the rows is another number once a JSON Lines file has blank lines or a
+    CSV field spans lines): a broken export, not a ticket to drop quietly or to read as the text "None".
     """
-    rows = read_tickets(path)
     out = []
-    for n, row in enumerate(rows, 1):
+    for line, row in read_numbered(path):
         if split is not None and str(row.get("split", "")) != split:
             continue
         if label_field not in row or row[label_field] in (None, ""):
-            raise DataError(f"{path}: row {n} has no {label_field!r}")
+            raise DataError(f"{path}:{line}: no {label_field!r}")
         label = str(row[label_field])
         label = label_map.get(label, label) if label_map else label
         text = row["text"]
         if not isinstance(text, str):
             got = "null" if text is None else type(text).__name__
-            raise DataError(f"{path}: row {n}: 'text' must be a string, got {got}")
+            raise DataError(f"{path}:{line}: 'text' must be a string, got {got}")
         if text.strip():
             out.append(Labelled(text, label))
     if not out:

@@ -47,6 +47,7 @@ class Status:
         self.phase_since_ms = now_ms()
         self.pass_started_at_ms: int | None = None
         self.counters: dict[str, int] = {"windows": 0, "items": 0, "dead_lettered": 0}
+        self.on_started: Callable[[], None] | None = None  # once, when the phase first leaves "starting"
 
     def _shown(self, phase: str) -> str:
         return "stopping" if self._stop is not None and self._stop.is_set() else phase
@@ -56,12 +57,15 @@ class Status:
         with self._lock:
             t = now_ms()
             changed = phase != self.phase
+            started = changed and self.phase == "starting"
             if changed:
                 self.phase, self.phase_since_ms = phase, t
             if pass_clock != "keep":
                 self.pass_started_at_ms = t if pass_clock == "start" else None
         if changed and self._on_phase is not None:
             self._on_phase(phase)
+        if started and self.on_started is not None:
+            self.on_started()
 
     def set_phase(self, phase: str) -> None:
         assert phase in PHASES, phase
@@ -240,6 +244,9 @@ class Keeper(threading.Thread):
         super().__init__(name="triage-keeper", daemon=True)
         self.heartbeat = heartbeat
         self.status = status
+        # the heartbeat said "starting" until the next beat, a third of the TTL after the model loaded: meanwhile
+        # `healthcheck --ready` failed a worker that was taking work
+        status.on_started = self.beat_soon
         self.refresh = refresh
         self.beat_interval_s = heartbeat.ttl_s / 3.0
         self.refresh_interval_s = max(refresh_interval_s, 0.05)

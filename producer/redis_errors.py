@@ -1,0 +1,78 @@
+"""Redis errors the producer tells in one line: a command its ACL user may not run, and what a stopped send had sent.
+
+Why: for a key outside the user's patterns Redis says only "no permissions to access one of the keys used as
+arguments", naming neither the command nor the key, and a refused ``XINFO GROUPS`` is a ``ResponseError`` like "no
+such key": the backlog read as 0 (backpressure off) and ``wait`` never looked for an expired result. So every call of
+the client goes through ``asking`` (a pipeline through ``execute``), and a refusal is an ``AclRefused`` naming both;
+the CLI prints it in one line and exits 2. The least-privilege line: docs/producer.md, "Redis ACL".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import redis
+
+DOCS = 'docs/producer.md, "Redis ACL"'
+
+
+class AclRefused(redis.exceptions.NoPermissionError):
+    """The Redis user's ACL refused ``command`` on ``keys`` (``why``: Redis's words). Still a ``NoPermissionError``
+    (a ``ResponseError``) for callers that catch those, never read as "no such key"."""
+
+    def __init__(self, command: str, keys: str, why: str):
+        self.command, self.keys, self.why = command, keys, why
+        super().__init__(f"the Redis user may not run {command} on {keys} ({why})")
+
+
+def refusal(reply: Exception, command: str, keys: str) -> Exception:
+    """``reply`` (an error reply or exception) as an ``AclRefused`` when it is a refusal of the ACL; else as it is."""
+    if isinstance(reply, redis.exceptions.NoPermissionError) and not isinstance(reply, AclRefused):
+        return AclRefused(command, keys, str(reply))
+    return reply
+
+
+@contextmanager
+def asking(command: str, keys: str) -> Iterator[None]:
+    """Run one call of ``command`` on ``keys``: a refusal of the ACL comes out as an ``AclRefused`` naming them."""
+    try:
+        yield
+    except redis.exceptions.NoPermissionError as e:
+        raised = refusal(e, command, keys)
+        if raised is e:
+            raise
+        raise raised from None
+
+
+def execute(pipe, command: str, keys: Sequence[str]) -> list:
+    """The replies of a pipeline of ``command`` calls, one per key of ``keys``; the first error reply raised, a
+    refusal of the ACL as an ``AclRefused`` naming its key (redis-py's own message gives the command and all its
+    arguments instead: a whole ticket, for an XADD)."""
+    replies = pipe.execute(raise_on_error=False)
+    for key, reply in zip(keys, replies):
+        if isinstance(reply, Exception):
+            raised = refusal(reply, command, key)
+            if raised is reply:
+                reply.args = (f"{command} {key}: {reply.args[0] if reply.args else reply}", *reply.args[1:])
+            raise raised
+    return replies
+
+
+def refused_line(e: redis.exceptions.NoPermissionError) -> str:
+    """One line for the CLI: what was refused and where the line to grant is."""
+    what = str(e) if isinstance(e, AclRefused) else f"the Redis user may not run a command ({e})"
+    return f"{what}; grant the producer's ACL line ({DOCS})"
+
+
+def partial(e: BaseException) -> str:
+    """What a send that Redis interrupted had sent (``TriageClient.submit_many``), if it was one."""
+    if not hasattr(e, "submitted"):
+        return ""
+    unsure, refused = len(getattr(e, "unconfirmed", [])), getattr(e, "refused", [])
+    if refused:  # Redis answered every ticket of the chunk: those it refused were not added
+        shown = ", ".join(refused[:5]) + (" ..." if len(refused) > 5 else "")
+        return f" ({len(e.submitted)} tickets sent; {len(refused)} refused, not sent: {shown}; none after that chunk)"
+    if not unsure:
+        return f" ({len(e.submitted)} tickets sent before that)"
+    return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
