@@ -314,7 +314,7 @@ class Settings(BaseSettings):
         description="Bytes of entries (field names + values) one window reads from Redis at most, measured in Redis "
         "before anything is sent (at least one entry per read); an entry over 2 x TRIAGE_MAX_TEXT_BYTES + 4096 comes "
         "as its size and first bytes only and is dead-lettered, never read whole. Unset: the tickets a window asks "
-        "for x TRIAGE_MAX_TEXT_BYTES.",
+        "for x TRIAGE_MAX_TEXT_BYTES, at most 64 MiB (a read holds Redis ~2 ms per MB).",
     )
     drain_redis_timeout_s: float = Field(
         30.0,

@@ -108,19 +108,19 @@ def test_load_labelled_jsonl_csv_split_and_label_map(tmp_path):
 
 
 def test_load_labelled_refuses_text_that_is_not_a_string(tmp_path):
-    """``"text": null`` (or a number) is a broken row, named with its file and row: not the ticket text "None";
+    """``"text": null`` (or a number) is a broken row, named with its file and line: not the ticket text "None";
     blank text is skipped as before."""
     p = tmp_path / "t.jsonl"
     rows = [{"text": "pay bill", "label": "billing"}, {"text": " ", "label": "other"}, {"text": None, "label": "other"}]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    with pytest.raises(data.DataError, match=r"t\.jsonl: row 3: 'text' must be a string, got null"):
+    with pytest.raises(data.DataError, match=r"t\.jsonl:3: 'text' must be a string, got null"):
         data.load_labelled(p)
     p.write_text("\n".join(json.dumps(r) for r in [*rows[:2], {"text": 42, "label": "other"}]) + "\n")
-    with pytest.raises(data.DataError, match="row 3: 'text' must be a string, got int"):
+    with pytest.raises(data.DataError, match=r"t\.jsonl:3: 'text' must be a string, got int"):
         data.resolve(str(p))
     c = tmp_path / "t.csv"  # a CSV row cut short has no text at all (csv gives None), not the text "None"
     c.write_text("label,text\nbilling,pay bill\nother\n")
-    with pytest.raises(data.DataError, match=r"t\.csv: row 2: 'text' must be a string, got null"):
+    with pytest.raises(data.DataError, match=r"t\.csv:3: 'text' must be a string, got null"):
         data.load_labelled(c)
     p.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n")
     assert data.load_labelled(p) == [data.Labelled("pay bill", "billing")]

@@ -106,3 +106,22 @@ def test_a_refused_permission_is_told_apart_from_a_passing_refusal(message):
 
     assert is_permission_error(message)
     assert not is_permission_error("OOM command not allowed when used memory > 'maxmemory'.")
+
+
+# captured from a read script (READ_NEW) on a Redis 6.2.14 replica: a refused call is wrapped twice, no class of its own
+REDIS_62_READONLY = (
+    "Error running script (call to f_afdfa9778652a67688ac995b66d01511ebbb95f8): @user_script:43: @user_script: 43: "
+    "-READONLY You can't write against a read only replica."
+)
+
+
+def test_a_read_script_refused_by_a_redis_62_replica_is_the_replica_state_as_on_7():
+    """Every read became a script (worker/stream/read_scripts.py). On 7.0 and Valkey a replica's refusal inside one
+    still comes as redis-py's ReadOnlyError; 6.2 wraps it in a plain ResponseError, which read as a failed read
+    ("read_failed", no reconnect) where the XREADGROUP it replaced read as Redis unavailable (a failover)."""
+    from worker.stream.connection import is_passing, is_transient, passing_state
+
+    e = redis.ResponseError(REDIS_62_READONLY)
+    assert error_code(e) == "READONLY" and is_transient(e) and is_passing(e)
+    assert passing_state(e)[0] == "replica"
+    assert error_code(redis.ResponseError(REDIS_62)) == "NOGROUP"  # a command's own error: wrapped once, as before

@@ -101,3 +101,14 @@ def test_bad_settings_are_refused(kw):
     args = {"target_s": 5.0, "max_items": 256, **kw}
     with pytest.raises(ValueError):
         WindowSizer(**args)
+
+
+def test_the_default_read_budget_is_the_window_of_tickets_at_the_text_limit_up_to_64_mib():
+    """4,096 tickets x 64 KiB (256 MiB) held Redis up to ~0.6 s per read script: the unset budget stops at 64 MiB;
+    a set one is taken as it is."""
+    from worker.stream.source import DEFAULT_READ_MAX_BYTES, ReadLimits
+
+    assert ReadLimits(max_text_bytes=65_536).budget(256) == 256 * 65_536
+    assert ReadLimits(max_text_bytes=65_536).budget(4096) == DEFAULT_READ_MAX_BYTES == 64 * 1024 * 1024
+    assert ReadLimits(max_text_bytes=128 * 1024 * 1024).budget(4) == 128 * 1024 * 1024  # always one ticket's worth
+    assert ReadLimits(max_text_bytes=65_536, max_bytes=1 << 30).budget(4096) == 1 << 30

@@ -16,6 +16,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from worker.stream.scripts import error_message
+
 # Errors that mean "Redis is (temporarily) unreachable", not "the request is wrong". During a failover or a
 # restart Redis answers LOADING, READONLY, MASTERDOWN or TRYAGAIN before it is ready: redis-py turns them into these
 # classes and drops the code from the message, so they are told by class (and by code, from older clients).
@@ -41,16 +43,18 @@ PASSING_CODES = ("BUSY ", "MISCONF ", "OOM ")  # with the space: BUSYGROUP and B
 
 
 def is_transient(exc: BaseException) -> bool:
+    """``TRANSIENT_ERRORS``, or a reply with one of ``TRANSIENT_CODES``: also from a script on Redis 6.2, which wraps
+    it (a read script on a replica: ``scripts.error_message``), where redis-py gives no class of its own."""
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(TRANSIENT_CODES)
+    return isinstance(exc, redis.ResponseError) and error_message(exc).startswith(TRANSIENT_CODES)
 
 
 def is_passing(exc: BaseException) -> bool:
     """Redis answers, in a state that passes by itself (``PASSING_CODES``), or is unreachable for now."""
     if is_transient(exc) or isinstance(exc, getattr(redis.exceptions, "OutOfMemoryError", ())):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(PASSING_CODES)
+    return isinstance(exc, redis.ResponseError) and error_message(exc).startswith(PASSING_CODES)
 
 
 # What each passing state is, and what ends it: the start-up wait and --drain's give-up line say it (an OOM told the
@@ -102,7 +106,7 @@ def passing_state(exc: BaseException) -> tuple[str, str]:
     """(state, what ends it) for an error ``is_passing`` accepts: ``unreachable`` unless Redis answered with a state."""
     for classes, code, state in _STATES:
         if (classes and isinstance(exc, classes)) or (
-            isinstance(exc, redis.ResponseError) and str(exc).startswith(code)
+            isinstance(exc, redis.ResponseError) and error_message(exc).startswith(code)
         ):
             return state
     return UNREACHABLE

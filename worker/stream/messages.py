@@ -94,13 +94,20 @@ class Unread:
         return None if isinstance(got, Rejected) or id_problem(got) else got
 
     def reason(self) -> str:
-        """The dead letter's reason: the field over its limit when one is (what the producer must fix), and that the
-        entry was not read, which is why the dead letter has no hash."""
+        """The dead letter's reason: a known field given twice (parse_entry's words) or the field over its limit when
+        there is one (what the producer must fix), and that the entry was not read, which is why the dead letter has
+        no hash."""
         sizes: dict[bytes, int] = {}
+        twice: list[str] = []
         for name, n, _ in self.fields:
+            known = as_text(name)
+            if name in sizes and known in KNOWN_FIELDS and known not in twice:
+                twice.append(known)  # parse_entry's reason: no one of them need be as large as their sum
             sizes[name] = sizes.get(name, 0) + n
         text, meta, m = sizes.get(b"text", 0) + sizes.get(b"subject", 0), sizes.get(b"meta", 0), self.max_text_bytes
-        if b"text" in sizes and text > m:
+        if twice:
+            head = "the entry gives " + " and ".join(f"'{n}'" for n in twice) + " more than once"
+        elif b"text" in sizes and text > m:
             what = "text" if b"subject" not in sizes else "subject + text"
             head = f"{what} is {text} bytes, over the limit of {m} bytes (TRIAGE_MAX_TEXT_BYTES)"
         elif meta > m:

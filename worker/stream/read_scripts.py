@@ -17,6 +17,11 @@ A read stops once the entries it looked at (whole or not, each at its full size)
 script's own time in Redis is bounded the same way. Scripts cannot block: the wait for new entries polls
 (``source.StreamSource.read_new``).
 
+An unread entry's copy is garbage once its marker is made. A full collection frees it once ``GC_BYTES`` of such
+copies are garbage, not after each one: a full collection walks everything the read holds, so one per marker made
+a read of many medium entries (1,637 markers of 100 KB, 40 fields each) cost Redis almost twice its time (docs/
+worker.md, "Read size"). Lua holds at most ``GC_BYTES`` of copies beside the entry being measured.
+
 Each script touches only KEYS[1], the input stream: like all the worker's scripts it names no key it was not given
 (what Redis Cluster routes by). The three reads take ARGV[1] budget, ARGV[2] entry_max, ARGV[3] excerpt bytes,
 ARGV[4] group, ARGV[5] consumer, then their own; entries come back as flat triples: id, times delivered (this
@@ -27,11 +32,15 @@ from __future__ import annotations
 
 from worker.stream.scripts import Script
 
-_HAND = r"""
+GC_BYTES = 8 * 2**20  # copies of unread entries Lua may hold as garbage before a full collection
+
+_HAND = (
+    r"""
 local stream, group, consumer = KEYS[1], ARGV[4], ARGV[5]
 local budget, entry_max, excerpt = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local used, whole, unread = 0, {}, {}  -- bytes looked at; entries handed over whole; markers
--- hand one entry over, whole or as a marker; true when it was a marker (then collect its copy before the next)
+local garbage = 0  -- bytes of unread entries' copies not collected yet
+-- hand one entry over, whole or as a marker; true when it was a marker (its copy is garbage: ``collect``)
 local function hand(id, times, flat)
   local size = 0
   for j = 1, #flat do size = size + #flat[j] end
@@ -52,9 +61,21 @@ local function hand(id, times, flat)
   unread[#unread + 1] = id
   unread[#unread + 1] = times
   unread[#unread + 1] = m
+  garbage = garbage + size
   return true
 end
+-- after a marker, its copy dropped: a full collection once GC_BYTES of copies are garbage (each collection walks
+-- all the read holds; one per marker cost a read of many medium entries about as much as copying them)
+local function collect()
+  if garbage >= """
+    + str(GC_BYTES)
+    + r""" then
+    collectgarbage()
+    garbage = 0
+  end
+end
 """
+)
 
 READ_NEW = (
     _HAND
@@ -68,7 +89,7 @@ while n < count and used < budget do
   local e = r[1][2][1]
   local big = hand(e[1], 1, e[2])
   r, e = nil, nil
-  if big then collectgarbage() end
+  if big then collect() end
   n = n + 1
 end
 return {whole, unread, used}
@@ -99,7 +120,7 @@ for _, row in ipairs(page) do
       redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', times + 1, 'JUSTID')
       local big = hand(id, times + 1, got[1][2])
       got = nil
-      if big then collectgarbage() end
+      if big then collect() end
     else
       whole[#whole + 1] = id
       whole[#whole + 1] = times
@@ -121,8 +142,9 @@ CLAIM = (
 -- ARGV[8] at most. XAUTOCLAIM itself would return them all whole; here each is looked at with XRANGE, then XCLAIMed
 -- with RETRYCOUNT + 1 and JUSTID (the delivery XAUTOCLAIM counts, without a second copy). An entry deleted from the
 -- stream is XCLAIMed with JUSTID, which drops it from the pending list as XAUTOCLAIM does (no other worker meets it
--- again), and returned by id for its dead letter. Only what was looked at is claimed: the rest stays with its
--- consumer for the next call. Returns {next cursor ('0-0': scan complete), whole, markers, deleted ids}.
+-- again; Redis 6.2 keeps it, on this consumer, until its dead letter acks it), and returned by id for its dead
+-- letter. Only what was looked at is claimed: the rest stays with its consumer for the next call.
+-- Returns {next cursor ('0-0': scan complete), whole, markers, deleted ids}.
 local count, last, deleted = tonumber(ARGV[8]), nil, {}
 local page = redis.call('XPENDING', stream, group, 'IDLE', ARGV[6], ARGV[7], '+', count)  -- NOGROUP raises here
 for _, row in ipairs(page) do
@@ -133,7 +155,7 @@ for _, row in ipairs(page) do
     redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', row[4] + 1, 'JUSTID')
     local big = hand(id, row[4] + 1, got[1][2])
     got = nil
-    if big then collectgarbage() end
+    if big then collect() end
   else
     redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
     deleted[#deleted + 1] = id

@@ -302,15 +302,23 @@ class Script:
             return client.eval(self.source, len(keys), *keys, *args)
 
 
-# Redis 6.2 wraps an error raised by a command inside a script; 7.0+ and Valkey pass it on as it is.
-_WRAPPED = re.compile(r"Error running script \(call to [^)]*\): @[\w-]+:\d+: ([A-Z]+)\b")
+# Redis 6.2 wraps an error raised inside a script: a command's own error as "...: @user_script:13: NOGROUP ...", a
+# call Redis refuses before it runs (a write on a read-only replica, MISCONF) as "...: @user_script:43: @user_script:
+# 43: -READONLY ..."; 7.0+ and Valkey pass it on as it is.
+_WRAPPED = re.compile(r"Error running script \(call to [^)]*\): @[\w-]+:\d+: (?:@[\w-]+: \d+: -)?(?=[A-Z]+\b)")
+
+
+def error_message(e: BaseException) -> str:
+    """A Redis error's message as the server's own command words it (``READONLY You can't write ...``), a script's
+    included, on any server version: redis-py then maps 6.2's wrapped form to no error class of its own."""
+    msg = str(e)
+    m = _WRAPPED.match(msg)
+    return msg[m.end() :] if m else msg
 
 
 def error_code(e: BaseException) -> str:
     """The error code (NOGROUP, WRONGTYPE, ...) of a Redis error, a script's included, on any server version."""
-    msg = str(e)
-    m = _WRAPPED.match(msg)
-    return m.group(1) if m else msg.split(" ", 1)[0]
+    return error_message(e).split(" ", 1)[0]
 
 
 settle_script = Script(SETTLE)

@@ -21,9 +21,12 @@ from worker.stream.read_scripts import any_after_script, claim_script, read_new_
 from worker.stream.records import DEAD_LETTER_EXCERPT_BYTES
 from worker.stream.scripts import refresh_script
 
-# Scripts cannot block: an empty read is asked again after 1 ms, then twice as long each time, at most this long,
-# until the caller's block time is up (a new ticket waits at most this long for an idle worker).
-POLL_MAX_S = 0.02
+# Scripts cannot block: an empty read is asked again after 1 ms, then twice as long each time, at most POLL_MAX_S
+# (a new ticket waits at most this long for a worker that found one a moment ago); once nothing new came for
+# POLL_SLOW_AFTER_S, at most POLL_SLOW_S (an idle worker sends ~10 reads a second, not ~50; the first ticket after
+# a quiet spell waits up to that long). Measured in docs/worker.md, "Read size".
+POLL_FIRST_S, POLL_MAX_S = 0.001, 0.02
+POLL_SLOW_AFTER_S, POLL_SLOW_S = 30.0, 0.1
 CUT = "…".encode()  # ends a value of an unread entry that came cut
 
 
@@ -42,11 +45,39 @@ class Entries(list):
     looked_at = 0
 
 
+class PollPause:
+    """How long the wait for new entries sleeps before it asks again (``POLL_*``). Kept across reads: a worker that
+    has found nothing for a while keeps its slow pace from one wait to the next, and any entry found restarts it."""
+
+    def __init__(self) -> None:
+        self._pause = POLL_FIRST_S
+        self._quiet_since: float | None = None  # since when reads found nothing (None: the last one found some)
+
+    def found(self, anything: bool, now: float) -> None:
+        if anything:
+            self._pause, self._quiet_since = POLL_FIRST_S, None
+        elif self._quiet_since is None:
+            self._quiet_since = now
+
+    def next(self, now: float) -> float:
+        """The next sleep: 1 ms, twice the one before, at most POLL_MAX_S (POLL_SLOW_S after a quiet spell)."""
+        slow = self._quiet_since is not None and now - self._quiet_since >= POLL_SLOW_AFTER_S
+        pause = min(self._pause, POLL_SLOW_S if slow else POLL_MAX_S)
+        self._pause = 2 * pause
+        return pause
+
+
+# The default budget's ceiling: a read script holds Redis ~1.5-2.2 ms per MB it looks at, so 4,096 tickets x 64 KiB
+# (256 MiB) held it up to ~0.6 s; 64 MiB is ~0.15 s, and cuts only windows whose tickets average over 16 KiB.
+DEFAULT_READ_MAX_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ReadLimits:
     """How much one read may bring into the worker. ``max_bytes`` (TRIAGE_READ_MAX_BYTES) bounds a window's
-    reads; unset, it is the tickets asked for x ``max_text_bytes``. An entry over ``entry_max_bytes`` comes as its
-    measure and the first bytes of its first 32 fields, ``excerpt_bytes`` in all (a dead letter keeps no more)."""
+    reads; unset, it is the tickets asked for x ``max_text_bytes``, at most 64 MiB. An entry over
+    ``entry_max_bytes`` comes as its measure and the first bytes of its first 32 fields, ``excerpt_bytes`` in all
+    (a dead letter keeps no more)."""
 
     max_text_bytes: int = 65_536
     excerpt_bytes: int = DEAD_LETTER_EXCERPT_BYTES
@@ -61,8 +92,11 @@ class ReadLimits:
         return entry_max_bytes(self.max_text_bytes)
 
     def budget(self, items: int) -> int:
-        """Bytes a window of ``items`` tickets may read."""
-        return self.max_bytes if self.max_bytes is not None else max(items, 1) * self.max_text_bytes
+        """Bytes a window of ``items`` tickets may read: unset, ``items`` x ``max_text_bytes`` up to
+        ``DEFAULT_READ_MAX_BYTES``."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return min(max(items, 1) * self.max_text_bytes, max(DEFAULT_READ_MAX_BYTES, self.max_text_bytes))
 
 
 @dataclass(frozen=True)
@@ -79,6 +113,7 @@ class StreamSource:
         self.group = group
         self.consumer = consumer
         self.limits = limits or ReadLimits()
+        self.poll = PollPause()  # the wait for new entries (read_new)
 
     # ------------------------------------------------------------------ setup
     @property
@@ -118,25 +153,25 @@ class StreamSource:
     def read_new(self, count: int, block_ms: int | None = None, max_bytes: int | None = None) -> Entries:
         """Entries never delivered to anyone (XREADGROUP >; first delivery, count 1): at most ``count``, and no more
         once they reach ``max_bytes`` (default: the budget of ``count`` tickets). With ``block_ms``, waits that long
-        for the first one, asking again every few ms (``POLL_MAX_S``): a blocking read would hand over whatever
+        for the first one, asking again every few ms (``PollPause``): a blocking read would hand over whatever
         entry woke it, whatever its size."""
         budget = self.limits.budget(count) if max_bytes is None else max_bytes
         got = self._read_new(count, budget)
         if got or not block_ms:
             return got
-        deadline, pause = time.monotonic() + block_ms / 1000, 0.001
+        deadline = time.monotonic() + block_ms / 1000
         while (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(pause, left))
+            time.sleep(min(self.poll.next(time.monotonic()), left))
             got = self._read_new(count, budget)
             if got:
                 break
-            pause = min(2 * pause, POLL_MAX_S)
         return got
 
     def _read_new(self, count: int, budget: int) -> Entries:
         whole, unread, looked_at = read_new_script(self.client, [self.stream], [*self._head(budget), count])
         got = self._entries(whole, unread, "new")
         got.looked_at = looked_at
+        self.poll.found(bool(got), time.monotonic())
         return got
 
     def read_own_pending(
@@ -160,7 +195,8 @@ class StreamSource:
         ``max_bytes`` (read_scripts.CLAIM).
 
         Returns (entries now ours, next cursor ("0-0" = scan complete), ids that were
-        pending but deleted from the stream; dropped from the PEL as XAUTOCLAIM drops them)."""
+        pending but deleted from the stream; dropped from the PEL as XAUTOCLAIM drops them, on Redis 6.2 by the ack
+        of their dead letters)."""
         budget = self.limits.budget(count) if max_bytes is None else max_bytes
         next_cursor, whole, unread, deleted = claim_script(
             self.client, [self.stream], [*self._head(budget), min_idle_ms, cursor, count]
@@ -181,6 +217,8 @@ class StreamSource:
         )
         for k in range(0, len(unread), 3):
             got.append(self._unread(as_text(unread[k]), int(unread[k + 1]), unread[k + 2], source))
+        if unread and whole:  # in stream order, as read (the script returns markers apart); rare: no cost otherwise
+            got.sort(key=lambda e: id_order(e.stream_id))
         return got
 
     def _unread(self, stream_id: str, deliveries: int, m: list, source: str) -> RawEntry:
