@@ -147,8 +147,11 @@ def _lossy(redis_url: str):
 
 
 # ------------------------------------------------------------------------------------------ unreadable job hashes
+BAD_TIMEOUT = "nine-ish"  # not hex: a job id (a UUID) can hold "abc", which a check for its absence then found
+
+
 def _corrupt(h, job) -> None:
-    h.conn.hset(job.key, "timeout", "abc")  # RQ's Job.restore raises on it (parse_timeout)
+    h.conn.hset(job.key, "timeout", BAD_TIMEOUT)  # RQ's Job.restore raises on it (parse_timeout)
 
 
 def _assert_failed_unreadable(h, job, queue) -> None:
@@ -158,7 +161,7 @@ def _assert_failed_unreadable(h, job, queue) -> None:
     assert job.get_status() == JobStatus.FAILED and job.started_at is None
     reason = job.latest_result().exc_string
     assert job.latest_result().type == Result.Type.FAILED
-    assert "timeout='abc'" in reason and "never ran" in reason, reason
+    assert f"timeout='{BAD_TIMEOUT}'" in reason and "never ran" in reason, reason
     assert h.conn.llen(queue.intermediate_queue_key) == 0
 
 
@@ -183,7 +186,7 @@ def test_a_job_rq_cannot_read_fails_visibly_and_the_worker_goes_on(rq_setup, whe
         _assert_failed_unreadable(h, bad, q)
         assert q.count == 0 and q.started_job_registry.get_job_ids() == []
         (line,) = _log_events(h, "rq_job_unreadable")
-        assert line["job_id"] == bad.id and line["fields"] == ["timeout"] and "abc" not in str(line)
+        assert line["job_id"] == bad.id and line["fields"] == ["timeout"] and BAD_TIMEOUT not in str(line)
         assert "unhandled exception" not in h.log.read_text()
     finally:
         q2.delete(delete_jobs=True)

@@ -16,6 +16,7 @@ from producer.rq_client import enqueue_tickets
 from tests.integration import test_rq
 from tests.integration.test_rq import TICKETS, _assert_labelled, _log_events, _run_to_exit
 from tests.integration.test_rq_faults import (
+    BAD_TIMEOUT,
     _corrupt,
     _fetch,
     _in_process,
@@ -69,7 +70,7 @@ def test_an_abandoned_job_rq_cannot_read_fails_visibly_and_the_worker_goes_on(rq
         job = _fetch(h, bad)  # it reads again: the field RQ could not read is gone (its value is in the reason)
         (result,) = job.results()
         assert job.get_status() == JobStatus.FAILED and bad.id in q.failed_job_registry.get_job_ids()
-        assert "timeout='abc'" in result.exc_string and "abandoned" in result.exc_string, result.exc_string
+        assert f"timeout='{BAD_TIMEOUT}'" in result.exc_string and "abandoned" in result.exc_string, result.exc_string
     else:
         _assert_failed_not_a_hash(h, bad, q)
     (line,) = _log_events(h, "rq_job_unreadable")
