@@ -96,18 +96,12 @@ def cmd_send(args) -> int:
 def _read_rows(path: str, limit: int | None) -> list[tuple[int, dict]]:
     """The file's tickets with the line each starts on, or ``BadInput`` (exit 2) for what ended in a traceback: a
     file that is not UTF-8 (a Latin-1 export), a CSV field over the csv module's size limit."""
-    import csv
-
     from worker.ticket_files import TicketFileError, read_numbered
 
     try:
         return read_numbered(path, limit=limit)
-    except (OSError, TicketFileError) as e:
+    except (OSError, TicketFileError) as e:  # not UTF-8, an unreadable CSV, a bad row: one line each
         raise BadInput(str(e)) from None
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{path}: not UTF-8 text (save it as UTF-8): {e}") from None
-    except csv.Error as e:
-        raise BadInput(f"{path}: unreadable CSV: {e}") from None
 
 
 def _open_ids_out(path: str | None):

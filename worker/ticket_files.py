@@ -30,13 +30,16 @@ def read_numbered(path: str | Path, limit: int | None = None) -> list[tuple[int,
     path = Path(path)
     if limit is not None and limit <= 0:
         return []
+    out: list[tuple[int, dict]] = []
     with path.open(encoding="utf-8-sig", newline="") as f:
         rows = _csv_rows(path, f) if path.suffix.lower() == ".csv" else _jsonl_rows(path, f)
-        out: list[tuple[int, dict]] = []
-        for numbered in rows:
-            out.append(numbered)
-            if limit is not None and len(out) >= limit:
-                break
+        try:
+            for numbered in rows:
+                out.append(numbered)
+                if limit is not None and len(out) >= limit:
+                    break
+        except UnicodeDecodeError as e:  # a Latin-1 export: one reason for every caller, not a traceback
+            raise TicketFileError(f"{path}: not UTF-8 text (save it as UTF-8): {e}") from None
     return out
 
 
@@ -57,7 +60,10 @@ def _csv_rows(path: Path, f):
     """Rows as ``csv.DictReader`` makes them (extra cells under ``None``, missing ones ``None``), numbered: the
     reader's ``line_num`` before a row is the line above it (a blank line is a row of no cells, skipped)."""
     reader = csv.reader(f)
-    names = next(reader, None)
+    try:
+        names = next(reader, None)
+    except csv.Error as e:
+        raise UnreadableCsv(f"{path}:1: unreadable CSV: {e}") from None
     if not names or "text" not in names:
         raise TicketFileError(f"{path}: CSV needs a 'text' column (found {names})")
     while True:

@@ -434,14 +434,7 @@ def test_follow_from_now_sees_new_dead_letters_in_the_shape_wait_returns(client,
     following = client.follow_results(block_ms=100, stop=lambda: time.monotonic() > deadline)
     sent = client.submit(" ", id="blank")
     _classify(r, settings, ["fresh"])
-    dead = dead_letter_fields(
-        stream_id=sent.stream_id,
-        reason="text is empty",
-        payload={"text": " ", "id": "blank"},
-        deliveries=1,
-        ticket_id="blank",
-    )
-    _sink(r, settings).write(Outcome(dead_letters=[dead]))
+    _write_blank_dead_letter(r, settings, sent)
     seen = list(itertools.islice(following, 2))
     assert [(x.ticket_id, x.status) for x in seen] == [("fresh", "ok"), ("blank", "dead_letter")]
     followed = seen[1].to_dict()
@@ -698,8 +691,8 @@ def test_cli_wait_from_the_ids_file_of_send(client, r, settings, tmp_path, monke
     assert main(["wait", "--from-file", str(ids), "--timeout-s", "5"]) == 0
 
 
-def test_dead_letters_come_back_decoded(client, r, settings):
-    sent = client.submit(" ", id="blank")
+def _write_blank_dead_letter(r, settings, sent) -> None:
+    """The worker's dead letter of ``sent``, a ticket "blank" of blank text, written as the worker writes it."""
     dead = dead_letter_fields(
         stream_id=sent.stream_id,
         reason="text is empty",
@@ -708,6 +701,11 @@ def test_dead_letters_come_back_decoded(client, r, settings):
         ticket_id="blank",
     )
     _sink(r, settings).write(Outcome(dead_letters=[dead]))
+
+
+def test_dead_letters_come_back_decoded(client, r, settings):
+    sent = client.submit(" ", id="blank")
+    _write_blank_dead_letter(r, settings, sent)
     big = client.submit("x" * 500, id="big")
     cut = dead_letter_fields(
         stream_id=big.stream_id,

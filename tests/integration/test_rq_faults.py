@@ -154,6 +154,19 @@ def _corrupt(h, job) -> None:
     h.conn.hset(job.key, "timeout", BAD_TIMEOUT)  # RQ's Job.restore raises on it (parse_timeout)
 
 
+def _bad_among_good(h, where: str, spoil):
+    """An empty second queue (served first), and in the first: one good job if ``where`` is the fill, then the job
+    ``spoil`` makes unreadable, then two good ones. Returns (second queue, before, bad, after)."""
+    q = h.queue
+    q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)
+    before = enqueue_tickets(q, TICKETS[:1]) if where == "taken by the fill" else []
+    bad = enqueue_tickets(q, ["I was charged twice."])[0]
+    after = enqueue_tickets(q, TICKETS[1:3])
+    h.jobs += [*before, bad, *after]
+    spoil(h, bad)
+    return q2, before, bad, after
+
+
 def _assert_failed_unreadable(h, job, queue) -> None:
     """Failed, in its queue's FailedJobRegistry, with a reason naming the field; readable by RQ again; never run."""
     assert job.id in queue.failed_job_registry.get_job_ids()
@@ -174,12 +187,7 @@ def test_a_job_rq_cannot_read_fails_visibly_and_the_worker_goes_on(rq_setup, whe
     """Skipped by the fill, such a job was in no registry (lost). Handed over first, RQ's dequeue raised: its work loop
     quit ("found an unhandled exception") with the job in the intermediate list (one queue) or nowhere (several)."""
     h, q = rq_setup, rq_setup.queue
-    q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)  # served first, empty
-    before = enqueue_tickets(q, TICKETS[:1]) if where == "taken by the fill" else []
-    bad = enqueue_tickets(q, ["I was charged twice."])[0]
-    after = enqueue_tickets(q, TICKETS[1:3])
-    h.jobs += [*before, bad, *after]
-    _corrupt(h, bad)
+    q2, before, bad, after = _bad_among_good(h, where, _corrupt)
     try:
         _run_to_exit(h, *([q2.name] if queues == 2 else []))
         _assert_labelled(h, before + after)
@@ -590,6 +598,19 @@ def test_maintenance_refused_after_taking_its_lock_releases_it_and_runs_again(rq
         assert h.queue.intermediate_queue.get_first_seen(job.id) is not None  # the rerun did the cleanup
 
 
+def _two_workers_fail_listed(h, job) -> None:
+    """``job`` left in the intermediate list; two workers fail what they cannot read there at once, while Redis
+    refuses writes for 0.7 s (so both read the job before either writes)."""
+    assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
+    workers = [_in_process(h.conn, [h.queue.name], f"{h.worker_name}-{i}") for i in range(2)]
+    _out_of_memory_for(h.conn, 0.7)
+    threads = [threading.Thread(target=unreadable.fail_listed, args=(w, w.queues[0])) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+
 def test_two_workers_failing_the_same_unreadable_job_save_one_failure(rq_setup):
     """Each worker's maintenance failed the unreadable jobs of the intermediate lists outside RQ's lock, and a
     refusal waited out let both read the job before either wrote: two failures saved (two failed Results). The
@@ -597,14 +618,7 @@ def test_two_workers_failing_the_same_unreadable_job_save_one_failure(rq_setup):
     with _private_server(rq_setup) as h:
         job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
         _corrupt(h, job)
-        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
-        workers = [_in_process(h.conn, [h.queue.name], f"{h.worker_name}-{i}") for i in range(2)]
-        _out_of_memory_for(h.conn, 0.7)
-        threads = [threading.Thread(target=unreadable.fail_listed, args=(w, w.queues[0])) for w in workers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        _two_workers_fail_listed(h, job)
         _assert_failed_unreadable(h, job, h.queue)
         assert len(_fetch(h, job).results()) == 1
 

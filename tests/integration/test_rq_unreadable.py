@@ -4,25 +4,22 @@ the worker goes on. Real Redis, real ``rq worker`` processes, the tiny model."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from rq import Queue
 from rq.job import JobStatus
 from rq.results import Result
-from rq.serializers import JSONSerializer
 
 from producer.rq_client import enqueue_tickets
 from tests.integration import test_rq
 from tests.integration.test_rq import TICKETS, _assert_labelled, _log_events, _run_to_exit
 from tests.integration.test_rq_faults import (
     BAD_TIMEOUT,
+    _bad_among_good,
     _corrupt,
     _fetch,
     _in_process,
-    _out_of_memory_for,
     _private_server,
     _started,
+    _two_workers_fail_listed,
 )
 from worker.rqbatch import unreadable
 
@@ -88,12 +85,7 @@ def test_a_job_key_that_is_not_a_hash_fails_visibly_and_the_worker_goes_on(rq_se
     hashes (the batch and the worker ended) and the failure of unreadable jobs in the intermediate list, at every
     maintenance run (every worker start quit). The key is left as it is: it is not RQ's to rewrite."""
     h, q = rq_setup, rq_setup.queue
-    q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)  # served first, empty
-    before = enqueue_tickets(q, TICKETS[:1]) if where == "taken by the fill" else []
-    bad = enqueue_tickets(q, ["I was charged twice."])[0]
-    after = enqueue_tickets(q, TICKETS[1:3])
-    h.jobs += [*before, bad, *after]
-    _not_a_hash(h, bad)
+    q2, before, bad, after = _bad_among_good(h, where, _not_a_hash)
     if where == "left listed":  # as a worker killed mid-fill leaves it
         assert h.conn.lmove(q.key, q.intermediate_queue_key).decode() == bad.id
     try:
@@ -114,14 +106,7 @@ def test_two_workers_failing_the_same_job_key_that_is_not_a_hash_save_one_failur
     with _private_server(rq_setup) as h:
         job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
         _not_a_hash(h, job)
-        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
-        workers = [_in_process(h.conn, [h.queue.name], f"{h.worker_name}-{i}") for i in range(2)]
-        _out_of_memory_for(h.conn, 0.7)
-        threads = [threading.Thread(target=unreadable.fail_listed, args=(w, w.queues[0])) for w in workers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        _two_workers_fail_listed(h, job)
         _assert_failed_not_a_hash(h, job, h.queue)  # one failed Result
 
 

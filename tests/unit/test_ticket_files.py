@@ -77,3 +77,12 @@ def test_an_unreadable_csv_row_names_its_line_and_is_still_a_csv_error(tmp_path)
     with pytest.raises(csv.Error, match=r"t\.csv:4: unreadable CSV: field larger than field limit") as e:
         read_tickets(sheet)
     assert isinstance(e.value, TicketFileError)
+
+
+def test_a_file_that_is_not_utf8_is_one_reason_for_every_caller(tmp_path):
+    """send and verify each turned UnicodeDecodeError into the same sentence, and eval/fit showed a traceback: the
+    reader says it once."""
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(TicketFileError, match=r"latin1\.jsonl: not UTF-8 text \(save it as UTF-8\)"):
+        read_numbered(p)
