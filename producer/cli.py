@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -116,8 +118,9 @@ def _open_ids_out(path: str | None):
 
 def _write_ids(f, sent: list) -> None:
     if f is not None:
-        f.seek(0)
-        f.truncate()
+        if f.seekable():  # a pipe or /dev/stdout cannot be rewound: it only ever gets this one write
+            f.seek(0)
+            f.truncate()
         for s in sent:
             f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
 
@@ -183,14 +186,10 @@ def _report_wait(client, tickets: list, timeout_s: float, *, quiet: bool = False
 
 
 def cmd_wait(args) -> int:
-    from producer.client import Submitted
-
     tickets: list = list(args.ids)
     if args.from_file:
         try:
-            with open(args.from_file, encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-            tickets += [Submitted(str(r["id"]), str(r["stream_id"])) for r in rows]
+            tickets += _submissions(args.from_file)
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(
                 f"triage-producer wait: cannot read {args.from_file} (JSON lines with id and stream_id, "
@@ -202,6 +201,27 @@ def cmd_wait(args) -> int:
         print("triage-producer wait: give ticket ids or --from-file", file=sys.stderr)
         return EXIT_USAGE
     return _report_wait(_client(args), tickets, args.timeout_s)
+
+
+def _submissions(path: str) -> list:
+    """The ``Submitted`` of an ``--ids-out`` file; ValueError naming the line of a row without a stream entry id
+    (``"abc"``, null: it went to Redis and came back as a Redis error, exit 1, for what is bad input)."""
+    from producer.client import Submitted
+
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            sid = row["stream_id"]
+            if not (isinstance(sid, str) and _STREAM_ID.fullmatch(sid)):
+                raise ValueError(f"line {n}: stream_id {sid!r} is not a stream entry id such as 1700000000000-0")
+            out.append(Submitted(str(row["id"]), sid))
+    return out
+
+
+_STREAM_ID = re.compile(r"\d+-\d+")
 
 
 def cmd_backlog(args) -> int:
@@ -242,6 +262,17 @@ def _at_least(floor: int):
     return parse
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0 (``inf`` and ``nan`` ended in a traceback)."""
+    s = float(text)
+    if not math.isfinite(s) or s < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return s
+
+
+_seconds.__name__ = "seconds"
+
+
 def _entry_id_arg(text: str) -> str:
     """An argparse type: ``$`` or a stream entry id (``0``, ``<ms>``, ``<ms>-<seq>``); else a usage error, not a
     Redis error after connecting."""
@@ -262,7 +293,9 @@ def _version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from worker.redact import MaskingArgumentParser
+
+    parser = MaskingArgumentParser(
         prog="triage-producer", description="Push support tickets to the triage worker and read its results."
     )
     parser.add_argument("--redis-url", help="overrides TRIAGE_REDIS_URL")
@@ -275,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--limit", type=_at_least(1), help="send at most this many")
     p.add_argument("--ids-out", help="write {id, stream_id} JSON lines of what was sent here")
-    p.add_argument("--wait-s", type=float, default=0, help="then wait this long for the results and print label counts")
+    p.add_argument(
+        "--wait-s", type=_seconds, default=0, help="then wait this long for the results and print label counts"
+    )
     p.set_defaults(_run=cmd_send)
 
     p = sub.add_parser(
@@ -319,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the --ids-out file of `send`: wait for the result of each of THOSE submissions "
         "(matched on stream_id, so a re-sent id never gets an earlier answer)",
     )
-    p.add_argument("--timeout-s", type=float, default=30.0)
+    p.add_argument("--timeout-s", type=_seconds, default=30.0)
     p.set_defaults(_run=cmd_wait)
 
     p = sub.add_parser("backlog", help="how many tickets wait to be classified")
@@ -332,9 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the demo's streams and keys afterwards")
     p.add_argument("--namespace", help="key prefix for the demo's streams (default: triage-demo:<random>:)")
-    p.add_argument("--timeout-s", type=float, default=900.0, help="stop the worker after this long")
+    p.add_argument("--timeout-s", type=_seconds, default=900.0, help="stop the worker after this long")
     p.add_argument("--json", help="also write the summary as JSON to this file")
     p.set_defaults(_run=cmd_demo)
+    for p in sub.choices.values():  # after the command too (`backlog --redis-url URL`), as integrators type it
+        p.add_argument("--redis-url", default=argparse.SUPPRESS, help="overrides TRIAGE_REDIS_URL")
     return parser
 
 

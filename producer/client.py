@@ -240,6 +240,8 @@ class TriageClient:
                 want[t.ticket_id] = t.stream_id
             else:
                 want.setdefault(str(t), None)
+        if timeout_s != timeout_s:  # NaN: no deadline would ever pass; inf (wait until all arrive) is fine
+            raise ValueError("timeout_s is NaN")
         got: dict[str, Result] = {}
         deadline = time.monotonic() + timeout_s
         cursors = self._stream_tails()
@@ -265,7 +267,7 @@ class TriageClient:
             left_s = deadline - time.monotonic()
             if len(got) == len(want) or left_s <= 0:
                 return got
-            block_ms = self._block_ms(max(1, min(max_block_ms, int(left_s * 1000))))
+            block_ms = self._block_ms(max(1, int(min(max_block_ms, left_s * 1000))))
             with asking("XREAD", ", ".join(cursors)):
                 woke = self.redis.xread(cursors, count=1, block=block_ms)
             if woke:

@@ -9,6 +9,7 @@ the CLI prints it in one line and exits 2. The least-privilege line: docs/produc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -21,16 +22,27 @@ class AclRefused(redis.exceptions.NoPermissionError):
     """The Redis user's ACL refused ``command`` on ``keys`` (``why``: Redis's words). Still a ``NoPermissionError``
     (a ``ResponseError``) for callers that catch those, never read as "no such key"."""
 
-    def __init__(self, command: str, keys: str, why: str):
+    def __init__(self, command: str, keys: str, why: str, *, before: str = ""):
         self.command, self.keys, self.why = command, keys, why
-        super().__init__(f"the Redis user may not run {command} on {keys} ({why})")
+        where = f"(sent on connecting, before {before} on {keys})" if before else f"on {keys}"
+        super().__init__(f"the Redis user may not run {command} {where} ({why})")
 
 
 def refusal(reply: Exception, command: str, keys: str) -> Exception:
-    """``reply`` (an error reply or exception) as an ``AclRefused`` when it is a refusal of the ACL; else as it is."""
+    """``reply`` (an error reply or exception) as an ``AclRefused`` when it is a refusal of the ACL; else as it is.
+
+    When Redis names another command than the call's, that one was refused: redis-py's ``SELECT`` of a URL's
+    database (``/1``) on connecting, sent before the call and refused with the call's name on it."""
     if isinstance(reply, redis.exceptions.NoPermissionError) and not isinstance(reply, AclRefused):
+        named = _NAMED.search(str(reply))
+        refused = named[1].replace("|", " ").upper() if named else command.upper()
+        if refused != command.upper():
+            return AclRefused(refused, keys, str(reply), before=command)
         return AclRefused(command, keys, str(reply))
     return reply
+
+
+_NAMED = re.compile(r"run the '([^']+)' command")
 
 
 @contextmanager

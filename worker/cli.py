@@ -20,7 +20,9 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from worker.redact import MaskingArgumentParser
+
+    parser = MaskingArgumentParser(
         prog="triage-worker", description="Classify support tickets from Redis in length-bucketed batches."
     )
     parser.add_argument("--version", action="version", version=version_line("triage-worker"))

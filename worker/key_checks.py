@@ -44,14 +44,21 @@ def key_name_problems(settings) -> list[Problem]:
                     "TRIAGE_GROUP), a string the worker writes; choose another key",
                 )
             )
-    for var, key in streams.items():
+    recovery_var = "TRIAGE_INPUT_STREAM + ':recovery:' + TRIAGE_GROUP (the recovery-point key)"
+    for var, key in {**streams, recovery_var: recovery}.items():
         for prefix_var, (prefix, whose) in prefixes.items():
+            if var == recovery_var and settings.input_stream.startswith(prefix):
+                continue  # the input stream's own problem says it: its recovery key moves with it
             if key.startswith(prefix):
                 out.append(
                     Problem(
                         f"{var} / {prefix_var}",
                         f"{key!r} starts with {prefix_var} {prefix!r}: {whose} {key[len(prefix) :]!r} would "
-                        "overwrite the stream; choose a key outside the prefix",
+                        + (
+                            "overwrite it; choose a prefix that does not cover it"
+                            if var == recovery_var
+                            else "overwrite the stream; choose a key outside the prefix"
+                        ),
                     )
                 )
     result_prefix, heartbeat_prefix = settings.result_key_prefix, settings.heartbeat_key_prefix

@@ -10,6 +10,7 @@ Pure: no logging, no Redis.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -200,3 +201,12 @@ def install_excepthook() -> None:
         sys.stderr.flush()
 
     sys.excepthook = hook
+
+
+class MaskingArgumentParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors mask secrets: argparse echoes what it could not parse
+    (``unrecognized arguments: --redis-url redis://u:PASSWORD@h``), before any secret is registered.
+    Subparsers are made of the same class."""
+
+    def error(self, message: str):
+        super().error(mask_secrets(message))

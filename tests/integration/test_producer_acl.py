@@ -213,3 +213,19 @@ def test_the_client_raises_a_refused_xinfo_instead_of_reading_it_as_no_stream(ru
         with pytest.raises(AclRefused) as refused:
             client.submit_many(["charged twice"])
         assert refused.value.submitted == [] and r.xlen(settings.input_stream) == 1  # over the limit: nothing sent
+
+
+def test_a_database_the_line_cannot_select_is_named_as_select_with_the_documented_fix(
+    rules, settings, redis_url, monkeypatch, capsys
+):
+    """redis-py SELECTs a URL's database on connecting; refused, Redis names ``select`` on the first call's reply and
+    the CLI blamed that call ("may not run XINFO GROUPS"), pointing at a line that already grants it."""
+    with acl_user(redis_url, rules) as (_name, url):
+        _as(monkeypatch, settings, url.rsplit("/", 1)[0] + "/1")
+        assert cli_main(["backlog"]) == 2
+        err = capsys.readouterr().err
+        assert "may not run SELECT (sent on connecting, before XINFO GROUPS on " in err, err
+        with acl_user(redis_url, [*rules, "+select"]) as (_name2, url2):  # the docs' advice for another database
+            _as(monkeypatch, settings, url2.rsplit("/", 1)[0] + "/1")
+            assert cli_main(["backlog"]) == 0, capsys.readouterr().err
+    assert "+select" in PRODUCER_DOC.read_text(encoding="utf-8")

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -251,3 +252,77 @@ def test_ctrl_c_during_a_blocked_send_writes_the_ids_of_what_went(cli_env, r, tm
     assert "Traceback" not in err and "interrupted (10 tickets sent before that)" in err
     written = [json.loads(line) for line in ids.read_text().splitlines()]
     assert written == [{"id": f["id"], "stream_id": sid} for sid, f in r.xrange(cli_env.input_stream)]
+
+
+def test_a_redis_url_after_the_command_is_taken_and_argparse_never_echoes_a_password(cli_env, r, capsys, monkeypatch):
+    """``backlog --redis-url URL`` was an argparse error that printed the URL, password and all; so was any usage
+    error of triage-worker or triage-bench naming such a URL."""
+    from worker.bench.cli import main as bench_main
+    from worker.cli import main as worker_main
+
+    r.xadd(cli_env.input_stream, {"text": "x"})
+    monkeypatch.setenv("TRIAGE_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens: the flag must win
+    assert cli_main(["backlog", "--redis-url", cli_env.redis_url]) == 0  # after the command: overrides the env
+    assert capsys.readouterr().out.startswith("1 tickets waiting")
+    secret = "redis://u:S3cretPW@127.0.0.1:6379/0"
+    for main, argv in (
+        (cli_main, ["backlog", "--bogus", secret]),
+        (worker_main, ["status", "--redis-url", secret]),
+        (bench_main, ["--bogus", secret]),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and "unrecognized arguments" in err, (argv, err)
+        assert "S3cretPW" not in err and "redis://u:***@127.0.0.1" in err, err
+
+
+def test_ids_out_to_a_pipe_gets_the_ids(cli_env, r, tmp_path):
+    """``--ids-out /dev/stdout | ...`` sent the tickets, then failed rewinding the pipe: a traceback, exit 1 and the
+    ids lost (a retry sent every ticket twice)."""
+    tickets = _tickets(tmp_path / "t.jsonl", 3)
+    argv = [sys.executable, "-m", "producer", "send", str(tickets), "--ids-out", "/dev/stdout"]
+    p = subprocess.run(argv, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert rows == [{"id": f["id"], "stream_id": sid} for sid, f in r.xrange(cli_env.input_stream)]
+
+
+def test_wait_refuses_a_timeout_that_is_not_a_finite_number_and_the_client_waits_without_one(
+    cli_env, settings, r, capsys
+):
+    """``wait --timeout-s inf`` (or ``nan``) ended in a traceback (``int(inf)``); the client's ``wait`` likewise."""
+    for argv in (
+        ["wait", "X-1", "--timeout-s", "inf"],
+        ["wait", "X-1", "--timeout-s", "nan"],
+        ["send", "f", "--wait-s", "-1"],
+    ):
+        with pytest.raises(SystemExit) as stop:
+            cli_main(argv)
+        assert stop.value.code == 2 and "finite number of seconds" in capsys.readouterr().err, argv
+    client = TriageClient(settings)
+    with pytest.raises(ValueError, match="NaN"):
+        client.wait(["X-1"], timeout_s=float("nan"))
+    sent = client.submit("charged twice", id="X-1")
+    record = {"id": "X-1", "status": "ok", "label": "billing", "stream_id": sent.stream_id}
+
+    def answer() -> None:  # a worker's writes, after the wait began blocking on the results stream
+        time.sleep(0.5)
+        r.set(settings.result_key_prefix + "X-1", json.dumps(record))
+        r.xadd(settings.results_stream, {"id": "X-1", "label": "billing", "stream_id": sent.stream_id})
+
+    writer = threading.Thread(target=answer)
+    writer.start()
+    got = client.wait([sent], timeout_s=float("inf"))  # no deadline: until it arrives
+    writer.join()
+    assert got["X-1"].label == "billing"
+
+
+def test_wait_from_file_names_the_line_of_a_row_without_a_stream_entry_id(cli_env, tmp_path, capsys):
+    """A stream_id of "abc" (or null) went to Redis as XPENDING's bound: "Redis error", exit 1, for bad input."""
+    for bad in ('"abc"', "null", "17"):
+        ids = tmp_path / "ids.jsonl"
+        ids.write_text('{"id": "Z0", "stream_id": "1-0"}\n\n{"id": "Z1", "stream_id": ' + bad + "}\n")
+        assert cli_main(["wait", "--from-file", str(ids), "--timeout-s", "0"]) == 2, bad
+        err = capsys.readouterr().err
+        assert "line 3: stream_id" in err and "not a stream entry id" in err and "Redis" not in err, err

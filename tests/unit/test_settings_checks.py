@@ -123,6 +123,9 @@ def test_scorers_that_can_work_pass(tiny_model_dir, tiny_bert_dir, tmp_path):
     assert _worker_problems(tiny_model_dir, scorer="head", head_path=head) == []
 
 
+RECOVERY_KEY = "TRIAGE_INPUT_STREAM + ':recovery:' + TRIAGE_GROUP (the recovery-point key)"
+
+
 @pytest.mark.parametrize(
     "fields, where",
     [
@@ -133,6 +136,9 @@ def test_scorers_that_can_work_pass(tiny_model_dir, tiny_bert_dir, tmp_path):
         ({"dead_letter_stream": "s:result:dead"}, "TRIAGE_DEAD_LETTER_STREAM / TRIAGE_RESULT_KEY_PREFIX"),
         ({"input_stream": "s:hb:tickets"}, "TRIAGE_INPUT_STREAM / TRIAGE_HEARTBEAT_KEY_PREFIX"),
         ({"heartbeat_key_prefix": "s:result:hb:"}, "TRIAGE_RESULT_KEY_PREFIX / TRIAGE_HEARTBEAT_KEY_PREFIX"),
+        # a ticket with id "recovery:g" (a worker named so) would overwrite the recovery point: passed before
+        ({"result_key_prefix": "s:tickets:"}, f"{RECOVERY_KEY} / TRIAGE_RESULT_KEY_PREFIX"),
+        ({"heartbeat_key_prefix": "s:tickets:rec"}, f"{RECOVERY_KEY} / TRIAGE_HEARTBEAT_KEY_PREFIX"),
     ],
 )
 def test_the_worker_keys_must_not_be_one_another(tiny_model_dir, fields, where):

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from worker.redact import mask_secrets
+from worker.redact import MaskingArgumentParser, mask_secrets
 
 # CPU defaults, chosen so the default run ends in ~5 min on a shared 2-core CPU (see docs/benchmark.md).
 DEFAULT_N, QUICK_N = 24, 4
@@ -21,7 +21,7 @@ SWEEP_ITEMS, SWEEP_TOKENS = "1,4,16,64", "1024,4096,16384"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = MaskingArgumentParser(
         prog="triage-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     w = p.add_argument_group("workload")
