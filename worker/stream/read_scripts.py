@@ -87,6 +87,7 @@ while n < count and used < budget do
   local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', '1', 'STREAMS', stream, '>')
   if not r then break end
   local e = r[1][2][1]
+  if not e then break end  -- no entry in the reply: nothing more to hand over (no Redis since 6.0 sends this)
   local big = hand(e[1], 1, e[2])
   r, e = nil, nil
   if big then collect() end
