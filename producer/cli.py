@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 import redis
 
+from producer.arg_types import at_least, entry_id_arg, seconds
+from producer.ids_file import read_submissions, write_ids
 from producer.redis_errors import partial as _partial
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
@@ -86,9 +86,9 @@ def cmd_send(args) -> int:
             raise BadInput(f"{where}: {e.reason}; nothing was sent") from None
         except (BacklogFull, redis.RedisError, KeyboardInterrupt) as e:  # what did go, to resume after (main reports)
             if getattr(e, "submitted", None):  # none: an earlier file stays as it was
-                _write_ids(ids_out, e.submitted)
+                write_ids(ids_out, e.submitted)
             raise
-        _write_ids(ids_out, sent)
+        write_ids(ids_out, sent)
     print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
     if args.wait_s:
         return _report_wait(client, sent, args.wait_s, quiet=True)
@@ -114,15 +114,6 @@ def _open_ids_out(path: str | None):
         return open(path, "a", encoding="utf-8") if path else contextlib.nullcontext()
     except OSError as e:
         raise BadInput(f"--ids-out: {e}; nothing was sent") from None
-
-
-def _write_ids(f, sent: list) -> None:
-    if f is not None:
-        if f.seekable():  # a pipe or /dev/stdout cannot be rewound: it only ever gets this one write
-            f.seek(0)
-            f.truncate()
-        for s in sent:
-            f.write(json.dumps({"id": s.ticket_id, "stream_id": s.stream_id}) + "\n")
 
 
 def cmd_synth(args) -> int:
@@ -189,7 +180,7 @@ def cmd_wait(args) -> int:
     tickets: list = list(args.ids)
     if args.from_file:
         try:
-            tickets += _submissions(args.from_file)
+            tickets += read_submissions(args.from_file)
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(
                 f"triage-producer wait: cannot read {args.from_file} (JSON lines with id and stream_id, "
@@ -201,27 +192,6 @@ def cmd_wait(args) -> int:
         print("triage-producer wait: give ticket ids or --from-file", file=sys.stderr)
         return EXIT_USAGE
     return _report_wait(_client(args), tickets, args.timeout_s)
-
-
-def _submissions(path: str) -> list:
-    """The ``Submitted`` of an ``--ids-out`` file; ValueError naming the line of a row without a stream entry id
-    (``"abc"``, null: it went to Redis and came back as a Redis error, exit 1, for what is bad input)."""
-    from producer.client import Submitted
-
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            sid = row["stream_id"]
-            if not (isinstance(sid, str) and _STREAM_ID.fullmatch(sid)):
-                raise ValueError(f"line {n}: stream_id {sid!r} is not a stream entry id such as 1700000000000-0")
-            out.append(Submitted(str(row["id"]), sid))
-    return out
-
-
-_STREAM_ID = re.compile(r"\d+-\d+")
 
 
 def cmd_backlog(args) -> int:
@@ -249,43 +219,6 @@ def cmd_demo(args) -> int:
 
 
 # ------------------------------------------------------------------- parser
-def _at_least(floor: int):
-    """An argparse type: a whole number >= ``floor`` (``--limit 0`` sent one ticket, ``synth --n -1`` raised)."""
-
-    def parse(text: str) -> int:
-        n = int(text)
-        if n < floor:
-            raise argparse.ArgumentTypeError(f"must be at least {floor}, got {n}")
-        return n
-
-    parse.__name__ = "number"  # argparse names the type in its message for a non-number: "invalid number value"
-    return parse
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds >= 0 (``inf`` and ``nan`` ended in a traceback)."""
-    s = float(text)
-    if not math.isfinite(s) or s < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
-    return s
-
-
-_seconds.__name__ = "seconds"
-
-
-def _entry_id_arg(text: str) -> str:
-    """An argparse type: ``$`` or a stream entry id (``0``, ``<ms>``, ``<ms>-<seq>``); else a usage error, not a
-    Redis error after connecting."""
-    from producer.streams import is_since
-
-    if not is_since(text):
-        raise argparse.ArgumentTypeError(f"expected '$', '0' or an entry id such as 1700000000000-0, got {text!r}")
-    return text
-
-
-_entry_id_arg.__name__ = "entry id"
-
-
 def _version_line() -> str:
     from worker.cli import version_line
 
@@ -306,17 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
         "send", help="send tickets from a JSON Lines or CSV file (field/column 'text'; optional id, subject, meta)"
     )
     p.add_argument("file")
-    p.add_argument("--limit", type=_at_least(1), help="send at most this many")
+    p.add_argument("--limit", type=at_least(1), help="send at most this many")
     p.add_argument("--ids-out", help="write {id, stream_id} JSON lines of what was sent here")
     p.add_argument(
-        "--wait-s", type=_seconds, default=0, help="then wait this long for the results and print label counts"
+        "--wait-s", type=seconds, default=0, help="then wait this long for the results and print label counts"
     )
     p.set_defaults(_run=cmd_send)
 
     p = sub.add_parser(
         "synth", help="generate realistic synthetic tickets (long-tailed lengths); print, save or send them"
     )
-    p.add_argument("--n", type=_at_least(0), default=100)
+    p.add_argument("--n", type=at_least(0), default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write JSON Lines (id, text, label) to this file")
     p.add_argument(
@@ -330,12 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         "with the reason)",
     )
     p.add_argument(
-        "--count", type=_at_least(1), help="how many (default: the last 20; with --follow: until interrupted)"
+        "--count", type=at_least(1), help="how many (default: the last 20; with --follow: until interrupted)"
     )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new outcomes as they arrive")
     p.add_argument(
         "--since",
-        type=_entry_id_arg,
+        type=entry_id_arg,
         default="$",
         help="with --follow: start after this entry id, in both streams ('0' = from the start; default: only new)",
     )
@@ -354,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the --ids-out file of `send`: wait for the result of each of THOSE submissions "
         "(matched on stream_id, so a re-sent id never gets an earlier answer)",
     )
-    p.add_argument("--timeout-s", type=_seconds, default=30.0)
+    p.add_argument("--timeout-s", type=seconds, default=30.0)
     p.set_defaults(_run=cmd_wait)
 
     p = sub.add_parser("backlog", help="how many tickets wait to be classified")
@@ -362,12 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="end to end: (temp) Redis, synthetic tickets, a worker run --drain, a summary")
     p.add_argument(
-        "--n", type=_at_least(0), default=300, help="synthetic tickets to classify (plus 3 deliberately bad ones)"
+        "--n", type=at_least(0), default=300, help="synthetic tickets to classify (plus 3 deliberately bad ones)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the demo's streams and keys afterwards")
     p.add_argument("--namespace", help="key prefix for the demo's streams (default: triage-demo:<random>:)")
-    p.add_argument("--timeout-s", type=_seconds, default=900.0, help="stop the worker after this long")
+    p.add_argument("--timeout-s", type=seconds, default=900.0, help="stop the worker after this long")
     p.add_argument("--json", help="also write the summary as JSON to this file")
     p.set_defaults(_run=cmd_demo)
     for p in sub.choices.values():  # after the command too (`backlog --redis-url URL`), as integrators type it

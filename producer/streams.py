@@ -56,6 +56,11 @@ def is_since(text: Any) -> bool:
     return text == "$" or (isinstance(text, str) and re.fullmatch(r"[0-9]+(-[0-9]+)?", text) is not None)
 
 
+def is_entry_id(text: Any) -> bool:
+    """A full stream entry id (``<ms>-<seq>``), as XADD returns: what an ``--ids-out`` file must hold."""
+    return isinstance(text, str) and re.fullmatch(r"[0-9]+-[0-9]+", text) is not None
+
+
 def _valid_since(since: str) -> str:
     if not is_since(since):
         raise ValueError(f"since must be '$', '0' or a stream entry id such as 1700000000000-0, got {since!r}")
