@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -199,3 +200,26 @@ def test_the_failure_callbacks_of_refused_jobs_run_once_the_accepted_ones_starte
     refused = _fetch(h, refused)
     assert refused.get_status() == JobStatus.FAILED and refused.started_at is None
     assert [b["jobs"] for b in _log_events(h, "rq_batch")] == [3]
+
+
+def test_unsubscribing_at_exit_never_waits_for_the_pubsub_threads_minute(redis_url, key_prefix):
+    """RQ sends UNSUBSCRIBE, then stops its pub/sub thread, which redis-py >= 8 joins with no limit. A thread that
+    read the reply first waits 60 s (RQ's sleep_time) for a new subscription: a --burst worker took a minute to
+    exit, and its death key (60 s TTL) was gone by then (a flaky CI run). Here the thread is put in that wait on
+    purpose; the worker's unsubscribe must still return (at most 1 s of join: a daemon thread is left)."""
+    conn = redis.Redis.from_url(redis_url)
+    worker = BatchWorker([key_prefix + "q"], connection=conn, name=key_prefix + "w", prepare_for_work=False)
+    worker.subscribe()
+    _wait_for_true(lambda: worker.pubsub.subscribed)
+    worker.pubsub.unsubscribe()  # the reply read by the thread before any stop: it now waits for a subscription
+    _wait_for_true(lambda: not worker.pubsub.subscribed)
+    done = threading.Event()
+    threading.Thread(target=lambda: (worker.unsubscribe(), done.set()), daemon=True).start()
+    assert done.wait(30), "unsubscribe waited on the pub/sub thread's 60 s sleep"
+
+
+def _wait_for_true(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)

@@ -8,6 +8,7 @@ renames one must fail here, loudly, not as an AttributeError in the middle of a 
 from __future__ import annotations
 
 import inspect
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -41,6 +42,10 @@ def test_the_private_rq_names_the_batch_worker_uses_exist_in_the_installed_rq():
     worker = _worker()
     for attr in ("_exc_handlers", "_ordered_queues", "_stop_requested", "_stopped_job_id"):
         assert hasattr(worker, attr), f"RQ's worker has no {attr}"
+    for attr in ("pubsub_thread", "pubsub_channel_name"):  # BatchWorker.unsubscribe replaces RQ's
+        assert hasattr(worker, attr), f"RQ's worker has no {attr}"
+    thread = redis.client.PubSubWorkerThread(NO_REDIS.pubsub(), sleep_time=1)
+    assert isinstance(thread._running, threading.Event)  # the loop flag BatchWorker.unsubscribe clears
     # BatchWorker.cleanup_execution puts its token into RQ's own success transaction: RQ must call it there.
     assert "self.cleanup_execution(" in inspect.getsource(BaseWorker.handle_job_success)
 

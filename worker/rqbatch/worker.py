@@ -338,6 +338,20 @@ class BatchWorker(RedisWaits):
         self._set_phase("stopping")  # --burst done, --max-jobs reached, or a stop while idle
         super().teardown()
 
+    def unsubscribe(self) -> None:
+        """RQ's, without its chance hang of up to a minute at exit. RQ sends UNSUBSCRIBE, then stops the pub/sub
+        thread, which redis-py >= 8 joins with no limit; a thread that read the reply before the stop waits 60 s
+        (RQ's ``sleep_time``) for a new subscription. Here the thread is told to stop first, so that reply ends it.
+        Seen as a --burst worker taking 60 s to exit, its death key (60 s TTL) gone by then."""
+        thread = self.pubsub_thread
+        if not thread:
+            return
+        self.log.info("Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name)
+        thread._running.clear()  # redis-py's PubSubWorkerThread loop flag (5.0 to 8.x; a guard test pins it)
+        self.pubsub.unsubscribe()
+        thread.join(timeout=1)
+        self.pubsub.close()
+
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Executions live job_monitoring_interval + 60 s between heartbeats (BatchHeartbeat keeps them alive)."""
         return int(self.job_monitoring_interval) + 60
