@@ -72,13 +72,30 @@ export TRIAGE_HEAD_PROMPT=${TRIAGE_HEAD_PROMPT:-task}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "[gpu.sh $(date +%H:%M:%S) ${SECONDS}s] $*" | tee -a "$OUT/progress.log" >&2; }
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
-# run NAME CMD...: one stage under a time limit, its output in $OUT/NAME.txt, its status in progress.log
+# run NAME CMD...: one stage under a time limit, its output in $OUT/NAME.txt, its status in progress.log. The
+# stage's `timeout` runs in a process group of its own, out of reach of an outer `timeout ... bash bench/gpu.sh`:
+# it runs in the background and a TERM/INT to this script is passed on to it (else a cut-short call would leave
+# the stage running on the device into the next call). A failed stage does not stop the others; the script's
+# exit status is 1 when any stage failed.
+STAGE_PID=
+FAILED=()
+on_signal() {
+  trap '' TERM INT  # an outer `timeout` signals this script and its process group: once is enough
+  log "interrupted (signal): stopping stage pid ${STAGE_PID:-none}"
+  [ -n "$STAGE_PID" ] && kill -TERM "$STAGE_PID" 2>/dev/null && wait "$STAGE_PID" 2>/dev/null
+  exit 143
+}
+trap on_signal TERM INT
 run() {
   local name=$1; shift
   log "stage $name: $*"
-  timeout --kill-after=10 "$STAGE_TIMEOUT" "$@" > >(tee "$OUT/$name.txt") 2> >(tee "$OUT/$name.err" >&2)
+  timeout --kill-after=10 "$STAGE_TIMEOUT" "$@" > >(tee "$OUT/$name.txt") 2> >(tee "$OUT/$name.err" >&2) &
+  STAGE_PID=$!
+  wait "$STAGE_PID"
   local rc=$?
+  STAGE_PID=
   log "stage $name: exit $rc$([ $rc = 124 ] && echo ' (timed out after '"$STAGE_TIMEOUT"'s)')"
+  [ "$rc" = 0 ] || FAILED+=("$name")
   return 0
 }
 : > "$OUT/progress.log"
@@ -218,5 +235,9 @@ if want 8; then
   else
     log "stage host-costs skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"
   fi
+fi
+if [ ${#FAILED[@]} -gt 0 ]; then
+  log "done in ${SECONDS}s with failed stages: ${FAILED[*]}; results in $OUT"
+  exit 1
 fi
 log "done in ${SECONDS}s; results in $OUT"

@@ -386,7 +386,9 @@ def test_eval_fine_labels_fits_the_head_as_fit_does_and_scores_it_in_the_mapped_
     fit = ["fit", "--input", str(data), "--label-map", str(mapping), "--fine-labels", "--out", str(head_path)]
     assert main([*fit, "--no-progress"]) == 0
     capsys.readouterr()
-    args = ["eval", "--input", str(data), "--train", str(data), "--label-map", str(mapping), "--no-progress"]
+    test = tmp_path / "fine_test.jsonl"  # the same tickets in another file (eval refuses --train == --input)
+    test.write_text("\n".join(reversed(data.read_text().splitlines())) + "\n")
+    args = ["eval", "--input", str(test), "--train", str(data), "--label-map", str(mapping), "--no-progress"]
     args += ["--variants", "head", "--pooling", "mean", "--head-shots", "1", "--curve-repeats", "1"]
     rc = main([*args, "--fine-labels", "--head", str(head_path), "--json", str(out), "--markdown", str(md)])
     assert rc == 0
@@ -409,3 +411,28 @@ def test_eval_fine_labels_fits_the_head_as_fit_does_and_scores_it_in_the_mapped_
     assert main(["eval", "--input", str(data), "--train", str(data), "--fine-labels"]) == 2
     err = capsys.readouterr().err
     assert err == "eval: --fine-labels needs a label map (--label-map, or a named set like clinc150-domains)\n"
+
+
+def test_eval_marks_a_head_scored_on_its_own_training_rows_and_refuses_train_equal_to_test(tiny_env, tmp_path, capsys):
+    """A head file records the rows `fit` fitted it on; eval on those rows marks it "(seen in fit)" and never names
+    it best (the shipped head on the support test split it was fitted on was reported best at accuracy 1.0). A
+    --train that holds the test rows is refused."""
+    head = tmp_path / "head.safetensors"
+    fit = ["fit", "--input", str(TICKETS), "--split", "train", "--out", str(head), "--method", "centroid"]
+    assert main([*fit, "--no-progress"]) == 0
+    assert Head.load(head).meta["data"][0]["fitted_splits"] == ["train"]
+    out = tmp_path / "eval.json"
+    base = ["eval", "--input", str(TICKETS), "--limit", "6", "--variants", "task,head", "--calibration", "none"]
+    base += ["--pooling", "mean", "--head", str(head), "--json", str(out), "--no-progress"]
+    for split, seen in (("train", True), ("test", False)):
+        assert main([*base, "--split", split]) == 0
+        report = json.loads(out.read_text())
+        (scored,) = [m for m in report["methods"] if m.get("head_file") == str(head)]
+        assert scored.get("seen_in_fit", False) is seen and scored["name"].endswith("(seen in fit)") is seen
+        assert report["best"] != scored["name"] or not seen
+    capsys.readouterr()
+    same = ["eval", "--input", str(TICKETS), "--split", "test", "--train", str(TICKETS), "--no-progress"]
+    assert main(same) == 2
+    assert "holds the test rows" in capsys.readouterr().err
+    assert main([*same, "--train-split", "train", "--limit", "4", "--variants", "task", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["train_test_same_text"] == 0

@@ -38,3 +38,49 @@ def test_a_text_that_is_no_string_is_named_by_its_line(tmp_path):
     with pytest.raises(DataError) as e:
         load_labelled(path)
     assert str(e.value) == f"{path}:4: 'text' must be a string, got int"
+
+
+def _named_sets(root):
+    """A data directory with BANKING77's file layout: one file per split, rows without a split field."""
+    (root / "banking77").mkdir(parents=True)
+    for split in ("train", "test"):
+        (root / "banking77" / f"banking77_{split}.jsonl").write_text(
+            f'{{"text": "{split} one", "label": "a"}}\n{{"text": "{split} two", "label": "b"}}\n', encoding="utf-8"
+        )
+    return root
+
+
+def test_a_named_set_without_a_split_is_the_test_file_to_measure_and_the_train_file_to_fit(tmp_path, monkeypatch):
+    """`fit --input banking77` fitted on the test file and `--split train` was an error (the named files have no
+    split field): the split now picks the file, and what a head is fitted on defaults to train."""
+    from worker.quality import data
+
+    monkeypatch.setenv("TRIAGE_DATA_DIR", str(_named_sets(tmp_path)))
+    texts = lambda src: [r.text for r in src.rows]  # noqa: E731
+    assert texts(data.resolve("banking77")) == ["test one", "test two"]
+    assert texts(data.resolve("banking77", default_split="train")) == ["train one", "train two"]
+    assert texts(data.resolve("banking77", split="train")) == ["train one", "train two"]
+    assert texts(data.resolve("banking77:test", default_split="train")) == ["test one", "test two"]
+    assert data.resolve("banking77", split="train").split is None  # the whole file is the split
+    with pytest.raises(DataError, match="two splits"):
+        data.resolve("banking77:test", split="train")
+
+
+def test_seen_in_fit_compares_file_contents_and_splits(tmp_path):
+    """A head records the rows it was fitted on (file hash, splits); eval marks a head scored on any of them."""
+    from worker.quality import data
+
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"text": "x", "label": "a", "split": "train"}\n{"text": "y", "label": "a", "split": "test"}\n')
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(f.read_bytes())
+    train, test, whole = (data.resolve(str(f), split=s) for s in ("train", "test", None))
+    fitted = [data.provenance(train)]
+    assert fitted[0]["fitted_splits"] == ["train"]
+    assert data.seen_in_fit(fitted, data.resolve(str(copy), split="train"))  # the same rows under another name
+    assert data.seen_in_fit(fitted, whole)  # every row, the train ones among them
+    assert not data.seen_in_fit(fitted, test)
+    assert data.seen_in_fit([data.provenance(whole)], test)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"text": "z", "label": "a", "split": "train"}\n')
+    assert not data.seen_in_fit(fitted, data.resolve(str(other), split="train"))

@@ -170,3 +170,10 @@ def test_resolve_keeps_fine_rows_and_groups_beside_the_mapped_rows(tmp_path):
     assert src.groups() == {"refund": "billing", "crash": "technical", "oos": "oos"}  # unused fine labels left out
     plain = data.resolve(str(rows))
     assert plain.rows == plain.fine_rows and plain.groups() == {"refund": "refund", "crash": "crash", "oos": "oos"}
+
+
+def test_a_predicted_label_without_true_rows_counts_in_macro_f1():
+    """Its F1 is 0 (every prediction of it is wrong): leaving it out inflated macro-F1 on samples missing a label
+    (sklearn's macro average over the labels present in truth or prediction gives the same 5/9)."""
+    rep = metrics.evaluate(["a", "a", "b", "b"], ["a", "a", "b", "c"], LABELS)
+    assert rep.macro_f1 == pytest.approx((1.0 + 2 / 3 + 0.0) / 3)

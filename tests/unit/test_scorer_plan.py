@@ -62,3 +62,24 @@ def test_settings_no_model_can_start_with_name_the_setting(scorer, needs_head, s
     with pytest.raises(ScoringConfigError) as e:
         plan_scorer(scorer, None, "/models/bert", _task(True), needs_head=needs_head)
     assert e.value.setting == setting and words in str(e.value) and str(e.value).startswith(f"{setting}: ")
+
+
+def test_eval_names_the_scorer_the_builder_falls_back_to_and_settings_no_worker_starts_with():
+    """eval's ``worker_default`` follows the builder: a shipped head that does not fit the head prompt falls back
+    (it named the shipped head, 'not measured', while the worker ran the task-examples head), and an encoder under
+    TRIAGE_SCORER=prompt starts no worker (it named prompt scoring)."""
+    from worker.quality.worker_default import describe_method, worker_default
+    from worker.settings import Settings
+
+    lm = Settings(model="bundled:smollm2", scorer="auto", head_path=None)
+    shipped = {"method": "head", "head_file": str(shipped_head_path("bundled:smollm2"))}
+    assert worker_default(lm, default_task(), None, fits=lambda path: True) == shipped
+    fallback = worker_default(lm, default_task(), None, fits=lambda path: False)
+    assert fallback == {"method": "head", "name": "head on task examples centroid/mean"}
+    encoder = Settings(model="bundled:minilm", scorer="prompt", head_path=None)
+    none = worker_default(encoder, default_task(), None, needs_head=True)
+    assert none["method"] == "none" and "TRIAGE_SCORER" in describe_method(none)
+    no_examples = worker_default(
+        Settings(model="/models/bert", scorer="auto", head_path=None), _task(False), None, needs_head=True
+    )
+    assert no_examples["method"] == "none" and "needs a head" in no_examples["unstartable"]

@@ -28,11 +28,22 @@ def _csv(s: str) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--input", required=True, help="labelled JSONL/CSV (text, label), or clinc150-domains:test, banking77:test, ..."
+        "--input",
+        required=True,
+        help="labelled JSONL/CSV (text, label), or a named set: clinc150-domains, banking77, ... (test split unless "
+        "named, e.g. banking77:val)",
     )
-    p.add_argument("--split", default=None, help="only rows of --input whose 'split' field equals this")
-    p.add_argument("--train", default=None, help="labelled training file or named set (few-shot examples and the head)")
-    p.add_argument("--train-split", default=None, help="only rows of --train whose 'split' field equals this")
+    p.add_argument(
+        "--split", default=None, help="only rows of --input whose 'split' field equals this (a named set: its file)"
+    )
+    p.add_argument(
+        "--train",
+        default=None,
+        help="labelled training file or named set, its train split unless named (few-shot examples and the head)",
+    )
+    p.add_argument(
+        "--train-split", default=None, help="only rows of --train whose 'split' field equals this (named set: its file)"
+    )
     p.add_argument(
         "--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to both files' labels"
     )
@@ -93,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     try:
         test_src = data.resolve(args.input, args.label_map, args.split)
-        train_src = data.resolve(args.train, args.label_map, args.train_split) if args.train else None
+        train_src = (
+            data.resolve(args.train, args.label_map, args.train_split, default_split="train") if args.train else None
+        )
         test = data.subsample(test_src.rows, args.limit, args.seed)
         groups = None
         if args.fine_labels:  # the heads learn the fine labels (evaluation.EvalConfig.groups), as `fit --fine-labels`
@@ -112,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
         if train and "head" in args.variants:  # heads are fitted on --train: every label needs a ticket
             coarse = [data.Labelled(r.text, groups[r.label]) for r in train] if groups else train
             data.require_every_label(base.labels, coarse, f"--train {train_src.description}")
+        if train_src and data.seen_in_fit([data.provenance(train_src)], test_src):
+            raise ValueError(
+                f"--train {train_src.description} holds the test rows ({test_src.description}): every head and "
+                "few-shot pick would be scored on tickets it was fitted on; give --split / --train-split"
+            )
     except (data.DataError, ValueError, OSError) as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
@@ -130,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         head_file=args.head or settings.head_path,
         groups=groups,
+        seen_in_fit=lambda fitted: data.seen_in_fit(fitted, test_src),
     )
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     report = evaluation.evaluate_all(loaded, settings, base, test, train, cfg, descriptions, log=log, encoder=encoder)
@@ -140,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         "dtype": str(loaded.model.dtype).replace("torch.", ""),
         "input": test_src.description,
         "train": train_src.description if train_src else None,
+        # test tickets whose text is also a --train ticket's (public sets share a few: BANKING77 6 of 3,080)
+        "train_test_same_text": _same_text(test, train_src.rows) if train_src else None,
         "limit": args.limit,
         "train_per_label": args.train_per_label,
         "wall_s": round(time.perf_counter() - t_start, 1),
@@ -164,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
             [(m["name"], report["labels"], m["confusion"]) for m in _plot_methods(report["methods"])], args.plot
         )
     return 0
+
+
+def _same_text(test, train) -> int:
+    """How many test tickets' texts (stripped) are also training tickets' texts."""
+    seen = {r.text.strip() for r in train}
+    return sum(r.text.strip() in seen for r in test)
 
 
 def _base_task(settings, test, train, src):
@@ -210,6 +237,8 @@ def _print_table(report: dict) -> None:
     )
     if report["train"]:
         print(f"train {report['n_train']}: {report['train']}", file=out)
+        if report.get("train_test_same_text"):
+            print(f"  note: {report['train_test_same_text']} test tickets have the text of a --train ticket", file=out)
     if report.get("fine_labels"):
         fine = report["fine_labels"]
         print(f"heads fitted on {fine['fine']} fine labels summed into {fine['summed_into']} (--fine-labels)", file=out)

@@ -24,7 +24,9 @@ HELP = "fit a scorer head (TRIAGE_HEAD_PATH) and/or pick few-shot examples into 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--input", default=None, help="labelled JSONL/CSV (text, label), or a named set like banking77:train"
+        "--input",
+        default=None,
+        help="labelled JSONL/CSV (text, label), or a named set like banking77 (its train split unless named)",
     )
     p.add_argument(
         "--default-head",
@@ -32,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="refit the shipped default head for TRIAGE_MODEL (+ TRIAGE_ENCODER) by its fixed recipe "
         "(project's support tickets, fp32, one thread); --out defaults to the file inside the package",
     )
-    p.add_argument("--split", default=None, help="only rows whose 'split' field equals this")
+    p.add_argument(
+        "--split", default=None, help="only rows whose 'split' field equals this (a named set: which of its files)"
+    )
     p.add_argument("--label-map", type=Path, default=None, help="JSON {coarse: [fine, ...]} applied to the labels")
     p.add_argument(
         "--fine-labels",
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from_args(args)
     try:
-        source = data.resolve(args.input, args.label_map, args.split)
+        source = data.resolve(args.input, args.label_map, args.split, default_split="train")
         rows = source.rows
         if args.fine_labels and not source.label_map:
             raise ValueError("--fine-labels needs a label map (--label-map, or a named set like clinc150-domains)")
@@ -132,7 +136,7 @@ def _fit(args, settings, task, source) -> None:
     items = clf.prepare_valid([r.text for r in rows])
     feats = run_features(clf, items, score=False, desc="fit pass", progress=not args.no_progress)
     secs = time.perf_counter() - t0
-    meta = head_meta(clf, str(args.input))
+    meta = head_meta(clf, str(args.input)) | {"data": [data.provenance(source)]}  # eval: was a test set fitted on?
     head = fit_head_for(
         feats.pooled(args.pooling),
         [r.label for r in rows],

@@ -8,6 +8,7 @@ resolve under a data directory (default ``../shared/data`` beside the checkout, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -89,23 +90,35 @@ class Source:
     label_map_path: Path | None  # the coarse-label map applied, if any (its fine labels describe the coarse ones)
     fine_rows: list[Labelled] = field(default_factory=list)  # the same rows before the map (== rows without one)
     label_map: dict[str, str] = field(default_factory=dict)  # fine -> coarse, as applied
+    path: Path | None = None  # the file the rows came from
+    split: str | None = None  # the rows' ``split`` field kept (None: every row of ``path``)
 
     def groups(self) -> dict[str, str]:
         """Every fine label -> the coarse label it was mapped to (unmapped labels, like ``oos``, to themselves)."""
         return {r.label: self.label_map.get(r.label, r.label) for r in self.fine_rows}
 
 
-def resolve(spec: str, label_map_path: str | Path | None = None, split: str | None = None) -> Source:
-    """A file path, or a named set ``NAME:SPLIT``."""
+NAMED = {"clinc150-domains": "clinc150", "clinc150": "clinc150", "banking77": "banking77"}  # name -> file stem
+
+
+def resolve(
+    spec: str, label_map_path: str | Path | None = None, split: str | None = None, *, default_split: str = "test"
+) -> Source:
+    """A file path (``split``: keep only rows whose ``split`` field equals it), or a named set ``NAME[:SPLIT]``.
+
+    A named set's split picks its file (``split`` may name it too); without one it is ``default_split``: ``test``
+    for what is measured, ``train`` for what a head is fitted on (``fit``, ``eval --train``), so a training input
+    never falls back to the test file unasked."""
     name, _, named_split = spec.partition(":")
     root = data_dir()
-    if name == "clinc150-domains":
-        label_map_path = root / "clinc150" / "domains.json"
-        path = root / "clinc150" / f"clinc150_{named_split or 'test'}.jsonl"
-    elif name == "clinc150":
-        path = root / "clinc150" / f"clinc150_{named_split or 'test'}.jsonl"
-    elif name == "banking77":
-        path = root / "banking77" / f"banking77_{named_split or 'test'}.jsonl"
+    if name in NAMED:
+        if named_split and split and named_split != split:
+            raise DataError(f"{spec}: two splits asked for ({named_split!r} and {split!r}); name one")
+        file_split = named_split or split or default_split
+        if name == "clinc150-domains":
+            label_map_path = root / "clinc150" / "domains.json"
+        path = root / NAMED[name] / f"{NAMED[name]}_{file_split}.jsonl"
+        split = None  # the file is the split (its rows have no split field)
     else:
         path = Path(spec)
     if not Path(path).is_file():
@@ -116,7 +129,37 @@ def resolve(spec: str, label_map_path: str | Path | None = None, split: str | No
     desc = (
         f"{path}" + (f" split={split}" if split else "") + (f" labels mapped by {label_map_path}" if label_map else "")
     )
-    return Source(rows, desc, Path(label_map_path) if label_map_path else None, fine, label_map)
+    return Source(rows, desc, Path(label_map_path) if label_map_path else None, fine, label_map, Path(path), split)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def provenance(source: Source) -> dict:
+    """What a head records of the rows it was fitted on, in the shipped heads' shape: the file, its content hash
+    and the splits kept (None: every row). ``seen_in_fit`` reads it back."""
+    return {
+        "file": str(source.path),
+        "sha256": sha256_file(source.path),
+        "fitted_splits": [source.split] if source.split else None,
+    }
+
+
+def seen_in_fit(fitted: Sequence[dict], source: Source) -> bool:
+    """Whether rows of ``source`` may be among those a head was fitted on (``fitted``: its ``provenance`` entries,
+    ``meta["data"]``): the same file by content, and a shared split or a whole file on either side. A head scored
+    on such rows measures its memory, not its accuracy."""
+    sha = sha256_file(source.path)
+    for d in fitted:
+        splits = d.get("fitted_splits")
+        if d.get("sha256") == sha and (splits is None or source.split is None or source.split in splits):
+            return True
+    return False
 
 
 def descriptions_from_label_map(path: str | Path, max_items: int = 8) -> dict[str, str]:

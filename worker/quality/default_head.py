@@ -16,14 +16,13 @@ Nothing in the file depends on the time or the machine's paths, so a refit on th
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from worker.quality import metrics
-from worker.quality.data import Labelled, load_labelled
+from worker.quality.data import Labelled, load_labelled, sha256_file
 from worker.quality.suites import FIRST, ROOT, WRITTEN
 
 SPLITS = [(f, s) for f in (FIRST, WRITTEN) for s in ("train", "test")]  # (file, split), in feature-pass order
@@ -31,14 +30,6 @@ REPORTING = {"support-60": (FIRST, "test"), "support-written-104": (WRITTEN, "te
 PROTOCOL_TRAIN = [(FIRST, "train"), (WRITTEN, "train")]
 SHIPPED_TRAIN = [(FIRST, "train"), (FIRST, "test"), (WRITTEN, "train")]  # never WRITTEN test
 METHOD, POOLING, SEED, DTYPE = "logreg", "mean", 0, "fp32"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_file_hash(name: str, source: str) -> str | None:

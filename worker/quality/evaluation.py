@@ -11,7 +11,7 @@ train pass, not one per method.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,9 @@ class EvalConfig:
     # fine label -> coarse label (``data.Source.groups()``): the training rows carry fine labels, the heads fitted on
     # them learn those and answer in the coarse ones, each the sum of its fine labels (``fit --fine-labels``)
     groups: dict[str, str] | None = None
+    # a head file's recorded training rows (``meta["data"]``) -> whether the test rows may be among them
+    # (eval: ``data.seen_in_fit``): such a head is marked "(seen in fit)" and never named best
+    seen_in_fit: Callable[[Sequence[dict]], bool] | None = None
     progress: bool = True
     skipped: list[str] = field(default_factory=list)  # filled in: what was not run, and why
 
@@ -183,8 +186,11 @@ def evaluate_all(
             log,
         )
         results += heads
-    best = max(results, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
-    default = worker_default(settings, base, settings.head_path)
+    fair = [r for r in results if not r.get("seen_in_fit")]  # a head scored on its own training rows: not best
+    best = max(fair, key=lambda r: (r["accuracy"], r["macro_f1"]), default=None)
+    default = worker_default(
+        settings, base, settings.head_path, needs_head=head_only, fits=_fits_worker(loaded, encoder, settings, base)
+    )
     if default.get("variant") == "task":  # prompt variants are named by content: "task" may have been de-duplicated
         default["variant"] = base_name
     fine = sorted({r.label for r in head_train}) if want_head and cfg.groups and head_train else None
@@ -203,6 +209,21 @@ def evaluate_all(
         "methods": results,
         "learning_curve": curve,
     }
+
+
+def _fits_worker(loaded, encoder, settings, base: Task) -> Callable[[Path], bool]:
+    """Whether a head file fits the states the worker's head reads (``TRIAGE_HEAD_PROMPT``): the check the
+    builder makes before it runs the shipped head (``assemble.load_shipped_head``)."""
+    from worker.quality.head import Head, HeadMismatch
+
+    def fits(path: Path) -> bool:
+        try:
+            Head.load(path).check(features_classifier(settings, loaded=loaded, task=base, encoder=encoder))
+        except HeadMismatch:
+            return False
+        return True
+
+    return fits
 
 
 def _head_pass(loaded, encoder, settings, base: Task, texts, passes: dict, cfg: EvalConfig, info: dict, log):
@@ -301,7 +322,11 @@ def _score_head_file(
         "calibration": "none",
         "head_file": str(path),
     }
-    return [score_method(f"{name} {head.method}/{head.pooling}", probs, labels, gold, extra)]
+    seen = cfg.seen_in_fit is not None and cfg.seen_in_fit(head.meta.get("data") or [])
+    if seen:
+        extra["seen_in_fit"] = True
+    name = f"{name} {head.method}/{head.pooling}" + (" (seen in fit)" if seen else "")
+    return [score_method(name, probs, labels, gold, extra)]
 
 
 def _fit(cfg: EvalConfig, x: np.ndarray, y: Sequence[str], labels, method: str, pooling: str, groups=None):

@@ -67,7 +67,7 @@ def evaluate(
     y_true: Sequence[str], y_pred: Sequence[str], labels: Sequence[str], confidences: Sequence[float] | None = None
 ) -> Report:
     """All metrics at once. Labels with no true and no predicted items get P=R=F1=0 but are
-    left out of the macro average (only labels with support count)."""
+    left out of the macro average; a label predicted but never true counts there with F1 0."""
     labels = list(labels)
     cm = confusion_matrix(y_true, y_pred, labels)
     tp = np.diag(cm[:, : len(labels)]).astype(np.float64)
@@ -77,7 +77,7 @@ def evaluate(
     recall = _div(tp, support)
     f1 = _div(2 * precision * recall, precision + recall)
     n = int(cm.sum())
-    has = support > 0
+    has = (support > 0) | (predicted > 0)
     ece = None
     if confidences is not None:
         correct = np.array([t == p for t, p in zip(y_true, y_pred)], dtype=np.float64)
