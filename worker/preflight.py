@@ -27,6 +27,11 @@ OTHER_KNOWN_ENV = {
 }
 # Families owned by the test suite and the chaos harness.
 ALLOWED_PREFIXES = ("TRIAGE_TEST_", "TRIAGE_CHAOS_")
+# The variables Kubernetes gives every pod for each Service of its namespace (Docker-link style): a Service named
+# triage-redis gives TRIAGE_REDIS_SERVICE_HOST, TRIAGE_REDIS_PORT=tcp://..., TRIAGE_REDIS_PORT_6379_TCP_ADDR, ...
+_SERVICE_LINK = re.compile(
+    r"^(?P<svc>[A-Z0-9_]+?)_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$"
+)
 _DB_PATH = re.compile(r"^/?(\d+)?/?$")
 
 
@@ -64,13 +69,26 @@ def known_env_names() -> set[str]:
     return set(env_names(Settings)) | set(env_names(ProducerSettings)) | set(OTHER_KNOWN_ENV)  # deprecated names too
 
 
+def service_link(var: str, env: Mapping[str, str]) -> str | None:
+    """The Kubernetes Service whose link variable ``var`` is (``triage-redis``), else None: the name has their
+    shape and the same Service's ``<NAME>_SERVICE_HOST`` is set too (a lone TRIAGE_REDIS_PORT=6380 is a mistake)."""
+    m = _SERVICE_LINK.match(var)
+    if m is None or f"{m['svc']}_SERVICE_HOST" not in env:
+        return None
+    return m["svc"].lower().replace("_", "-")
+
+
 def unknown_env(environ: Mapping[str, str] | None = None, known: Iterable[str] | None = None) -> list[Problem]:
-    """Every TRIAGE_ variable no part of triage reads, with the nearest known name."""
+    """Every TRIAGE_ variable no part of triage reads, with the nearest known name. A Kubernetes Service named
+    triage-* is not one: its link variables reach every pod of the namespace (a pod created after a Service
+    named triage-redis exited 2 at every start); the manifests turn them off (``enableServiceLinks: false``)."""
     env = os.environ if environ is None else environ
     names = sorted(known if known is not None else known_env_names())
     problems = []
     for var in sorted(env):
         if not var.startswith("TRIAGE_") or var in names or var.startswith(ALLOWED_PREFIXES):
+            continue
+        if service_link(var, env):
             continue
         near = difflib.get_close_matches(var, names, n=1, cutoff=0.75)
         hint = f"did you mean {near[0]}?" if near else "see docs/worker.md (Settings) and docs/producer.md"
@@ -94,6 +112,8 @@ def settings_problems(exc, settings_cls, environ: Mapping[str, str] | None = Non
         msg = err.get("msg", "invalid")
         if "input" in err and err.get("type") != "missing":
             msg += f" (got {err['input']!r:.120})"
+        if service := service_link(var, env):  # a Service named triage-metrics sets TRIAGE_METRICS_PORT=tcp://...
+            msg += f"; set by Kubernetes for the Service {service}? give the pod enableServiceLinks: false"
         if (var, msg) not in seen:  # one deprecated name feeding two fields is one mistake
             seen.add((var, msg))
             problems.append(Problem(var, msg))

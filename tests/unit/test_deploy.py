@@ -187,6 +187,13 @@ def test_probes_run_the_healthcheck_of_this_pod(base):
     assert live["periodSeconds"] * live["failureThreshold"] >= 2 * Settings().heartbeat_ttl_s
 
 
+def test_pods_get_no_service_link_variables(base, gpu):
+    """Kubernetes gives every pod TRIAGE_REDIS_PORT=tcp://... for a Service named triage-redis (TRIAGE_METRICS_PORT
+    for triage-metrics, a real setting): settings come from the ConfigMap and the Secret only."""
+    for rendered in (base, gpu):
+        assert _one(rendered, "Deployment", "triage-worker")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
 def test_resources_and_threads_fit(base):
     dep = _one(base, "Deployment", "triage-worker")
     c = _container(dep)

@@ -35,6 +35,32 @@ def test_known_families_do_not_trip_the_unknown_check():
     assert preflight.unknown_env(env) == []
 
 
+def test_kubernetes_service_links_are_not_unknown_settings_but_a_lone_port_variable_is():
+    """A Service named triage-redis gives every pod of its namespace these; the worker exited 2 on them."""
+    links = {
+        "TRIAGE_REDIS_SERVICE_HOST": "10.0.0.12",
+        "TRIAGE_REDIS_SERVICE_PORT": "6379",
+        "TRIAGE_REDIS_SERVICE_PORT_REDIS": "6379",
+        "TRIAGE_REDIS_PORT": "tcp://10.0.0.12:6379",
+        "TRIAGE_REDIS_PORT_6379_TCP": "tcp://10.0.0.12:6379",
+        "TRIAGE_REDIS_PORT_6379_TCP_PROTO": "tcp",
+        "TRIAGE_REDIS_PORT_6379_TCP_PORT": "6379",
+        "TRIAGE_REDIS_PORT_6379_TCP_ADDR": "10.0.0.12",
+    }
+    assert preflight.unknown_env(links) == []
+    (p,) = preflight.unknown_env({"TRIAGE_REDIS_PORT": "6380"})  # no Service behind it: a mistake
+    assert p.where == "TRIAGE_REDIS_PORT"
+
+
+def test_a_setting_overwritten_by_a_service_link_says_so(monkeypatch):
+    """A Service named triage-metrics sets TRIAGE_METRICS_PORT=tcp://...: the reason names the Service."""
+    monkeypatch.setenv("TRIAGE_METRICS_SERVICE_HOST", "10.0.0.9")
+    monkeypatch.setenv("TRIAGE_METRICS_PORT", "tcp://10.0.0.9:9108")
+    _, problems = preflight.load_settings(Settings, unknown=True)
+    (p,) = problems
+    assert p.where == "TRIAGE_METRICS_PORT" and "Service triage-metrics" in str(p) and "enableServiceLinks" in str(p)
+
+
 def test_invalid_value_is_named_by_its_env_var(monkeypatch):
     monkeypatch.setenv("TRIAGE_MAX_BATCH_ITEMS", "0")
     settings, problems = preflight.load_settings(Settings, unknown=False)
