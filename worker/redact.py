@@ -18,6 +18,10 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 MASK = "***"
 _MIN_SECRET_CHARS = 3  # shorter literals would mask ordinary text
+# A shorter registered secret is masked only where it stands as a word of its own: a password "redis" masked
+# everywhere turned the event redis_unavailable into ***_unavailable and the key redis_url into ***_url (the lines
+# ops alert on); a longer one everywhere.
+_ANYWHERE_SECRET_CHARS = 8
 
 # scheme://userinfo@ — greedy up to the LAST "@" of the token: a password may hold an unencoded "@", "/", "#" or
 # "?" (a generated one often does), which a URL parser reads as the path or query. Never across a query parameter
@@ -65,7 +69,10 @@ def mask_secrets(text: str) -> str:
         return text
     for secret in sorted(_known, key=len, reverse=True):
         if secret in text:
-            text = text.replace(secret, MASK)
+            if len(secret) >= _ANYWHERE_SECRET_CHARS:
+                text = text.replace(secret, MASK)
+            else:
+                text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w|://)", MASK, text)  # not a URL's scheme
     if "://" in text and "@" in text:
         text = _URL_USERINFO.sub(_mask_userinfo, text)
     if "=" in text:

@@ -60,6 +60,14 @@ def _auto_or_at_least(floor: int, expected: str):
     return classmethod(check)
 
 
+# Upper bounds Redis accepts (an expiry past them is "ERR invalid expire time" at every settle write, which then
+# retried forever, each try adding its results again) and a bulk string's size; far above any sensible value.
+MAX_SECONDS = 2**31 - 1  # ~68 years
+MAX_MS = 2**31 - 1  # ~24.8 days
+MAX_BYTES = 512 * 2**20  # Redis' largest string
+MAX_COUNT = 2**63 - 1
+
+
 class Settings(BaseSettings):
     """Every knob of the worker, engine and its Redis wiring (``TRIAGE_<NAME>``)."""
 
@@ -198,19 +206,23 @@ class Settings(BaseSettings):
     result_key_prefix: str = Field(
         "triage:result:", description="Latest result per ticket id is stored at prefix + id (JSON)."
     )
-    result_ttl_s: int = Field(86_400, ge=1, description="Expiry of the per-ticket result keys.")
+    result_ttl_s: int = Field(86_400, ge=1, le=MAX_SECONDS, description="Expiry of the per-ticket result keys.")
     group: str = Field("triage", description="Consumer group; more workers in the same group share the stream.")
     consumer: str = Field(default_factory=_default_consumer, description="Consumer name, unique per process.")
-    max_wait_ms: int = Field(50, ge=0, description="How long a drain waits to fill a window.")
-    claim_idle_ms: int = Field(60_000, ge=1, description="Reclaim entries idle this long from dead consumers.")
+    max_wait_ms: int = Field(50, ge=0, le=MAX_MS, description="How long a drain waits to fill a window.")
+    claim_idle_ms: int = Field(
+        60_000, ge=1, le=MAX_MS, description="Reclaim entries idle this long from dead consumers."
+    )
     max_deliveries: int = Field(5, ge=1, description="Entries delivered more often go to the dead-letter stream.")
-    max_text_bytes: int = Field(65_536, ge=1, description="Hard cap on a ticket's raw text size.")
-    results_maxlen: int = Field(1_000_000, ge=1, description="Approximate MAXLEN of the results stream.")
-    dead_letter_maxlen: int = Field(100_000, ge=1, description="Approximate MAXLEN of the dead-letter stream.")
+    max_text_bytes: int = Field(65_536, ge=1, le=MAX_BYTES, description="Hard cap on a ticket's raw text size.")
+    results_maxlen: int = Field(1_000_000, ge=1, le=MAX_COUNT, description="Approximate MAXLEN of the results stream.")
+    dead_letter_maxlen: int = Field(
+        100_000, ge=1, le=MAX_COUNT, description="Approximate MAXLEN of the dead-letter stream."
+    )
     heartbeat_key_prefix: str = Field(
         "triage:heartbeat:", description="Heartbeat key = prefix + consumer (for healthcheck)."
     )
-    heartbeat_ttl_s: int = Field(30, ge=1, description="Heartbeat expiry; refreshed every third of it.")
+    heartbeat_ttl_s: int = Field(30, ge=1, le=MAX_SECONDS, description="Heartbeat expiry; refreshed every third of it.")
     reconnect_max_s: float = Field(10.0, gt=0, description="Cap of the reconnect backoff after Redis errors.")
 
     # --- metrics (worker/observability/prometheus.py) ----------------------

@@ -249,6 +249,31 @@ def test_healthcheck_ready_and_keys_under_the_prefix_that_are_no_workers_heartbe
     assert not [w for w in json.loads(got["junk-status"].stdout)["workers"] if w.get("consumer", "").startswith("junk")]
 
 
+def test_healthcheck_counts_only_workers_of_its_stream_and_group(triage_env, redis_url):
+    """Two deployments sharing the heartbeat prefix kept each other healthy: `healthcheck` (any worker, --host)
+    counted a worker of another stream or group, where `status` did not. A named consumer is that worker."""
+    import redis
+
+    from tests.worker_proc import run_clis
+
+    client = redis.Redis.from_url(redis_url)
+    prefix = triage_env["TRIAGE_HEARTBEAT_KEY_PREFIX"]
+    other = {"consumer": "other", "host": "pod-9", "pid": 9, "phase": "idle", "beat_at_ms": 1}
+    other |= {"stream": triage_env["TRIAGE_INPUT_STREAM"] + ":elsewhere", "group": "triage"}
+    client.set(prefix + "other", json.dumps(other), ex=60)
+    mine = env_with(triage_env, TRIAGE_INPUT_STREAM=other["stream"])
+    got = run_clis(
+        {
+            "any": (triage_env, ["worker", "healthcheck"]),
+            "host": (triage_env, ["worker", "healthcheck", "--host", "pod-9"]),
+            "named": (triage_env, ["worker", "healthcheck", "--consumer", "other"]),
+            "its-stream": (mine, ["worker", "healthcheck", "--host", "pod-9"]),
+        }
+    )
+    assert {k: r.returncode for k, r in got.items()} == {"any": 1, "host": 1, "named": 0, "its-stream": 0}
+    assert "1 fresh on other streams or groups" in got["any"].stderr
+
+
 @pytest.mark.parametrize("window_s", ["inf", "nan", "1e10", "-1"])
 def test_status_refuses_a_window_it_cannot_read_in_one_line(triage_env, window_s):
     r = run_cli(triage_env, "status", "--json", "--window-s", window_s)

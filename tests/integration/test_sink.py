@@ -57,3 +57,21 @@ def test_any_record_reaches_its_stream_and_key_unchanged(redis_url, key_prefix, 
     assert sorted(client.scan_iter(match=ns + "result:*")) == sorted(
         {ns + "result:" + k for k in (ticket_id, "plain", "d")}
     )
+
+
+def test_the_largest_settings_redis_is_given_are_ones_it_accepts(redis_url, key_prefix):
+    """A settle write with the largest TRIAGE_RESULT_TTL_S and TRIAGE_RESULTS_MAXLEN the settings take succeeds (a
+    TTL of 1e16 s was "ERR invalid expire time" at every write, retried forever, each try adding its results again);
+    a larger TTL is refused at start-up, naming the variable."""
+    from worker import preflight
+    from worker.settings import MAX_COUNT, MAX_SECONDS, Settings
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    ns = f"{key_prefix}{uuid.uuid4().hex[:8]}:"
+    sink = _sink(client, ns)
+    sink.result_ttl_s, sink.results_maxlen, sink.dead_letter_maxlen = MAX_SECONDS, MAX_COUNT, MAX_COUNT
+    sink.write(Outcome(results=[{"id": "t", "label": "billing", "stream_id": "1-0"}], dead_letters=[]))
+    assert client.xlen(ns + "results") == 1 and client.ttl(ns + "result:t") > MAX_SECONDS - 60
+    client.delete(ns + "results", ns + "result:t")
+    settings, problems = preflight.load_settings(Settings, unknown=False, result_ttl_s=10**16)
+    assert settings is None and [p.where for p in problems] == ["TRIAGE_RESULT_TTL_S"]

@@ -71,6 +71,24 @@ def test_ordinary_text_is_left_alone():
     assert redact.mask_secrets("abc") == "abc"
 
 
+def test_a_short_password_is_masked_as_a_word_never_inside_event_names_or_keys():
+    """TRIAGE_REDIS_URL=redis://:redis@... turned "redis_unavailable" into "***_unavailable" and the key
+    "redis_url" into "***_url" in every line: the events ops alert on. A short secret is masked where it stands
+    alone; one of 8+ characters anywhere."""
+    redact.register_url_secrets("redis://:redis@127.0.0.1:6390/0")
+    line = json.dumps(
+        {"event": "redis_unavailable", "redis_url": "redis://:redis@127.0.0.1:6390/0", "error": "WRONGPASS redis"}
+    )
+    masked = json.loads(redact.mask_secrets(line))
+    assert masked == {
+        "event": "redis_unavailable",
+        "redis_url": "redis://:***@127.0.0.1:6390/0",
+        "error": "WRONGPASS ***",
+    }
+    redact.register_secret("Xy7pQ2rLm")  # long: masked inside other text too
+    assert redact.mask_secrets("tokenXy7pQ2rLmtail") == "token***tail"
+
+
 @pytest.mark.parametrize(
     "url",
     [

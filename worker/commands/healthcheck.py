@@ -1,5 +1,7 @@
 """Exit 0 if a worker's heartbeat key is fresh (any worker, --consumer NAME, or --host HOST), else 1; with
---ready, only a worker past start-up (its model loaded) counts.
+--ready, only a worker past start-up (its model loaded) counts. Without --consumer only workers of this
+TRIAGE_INPUT_STREAM and TRIAGE_GROUP count (as in ``status``): two deployments sharing the heartbeat prefix kept
+each other healthy; a named consumer is that worker, whatever it reads.
 
 Meant for container health checks: it only needs Redis (no model, no torch) and
 prints the live heartbeats as JSON lines on stdout. Its Redis user needs only SCAN and GET on the heartbeat keys
@@ -45,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     try:
         found = list(fresh_heartbeats(client, settings.heartbeat_key_prefix, args.consumer))
+        others = 0
+        if not args.consumer:
+            mine = [(c, beat) for c, beat in found if _same_group(beat, settings)]
+            others, found = len(found) - len(mine), mine
         if args.host:
             found = [(c, beat) for c, beat in found if beat.get("host") == args.host]
         if args.ready:
@@ -60,5 +66,18 @@ def run(args: argparse.Namespace) -> int:
             who = f"consumer {args.consumer!r}" if args.consumer else "any worker"
             who += f" on host {args.host!r}" if args.host else ""
             what = "no fresh heartbeat past start-up" if args.ready else "no fresh heartbeat"
-            print(f"unhealthy: {what} for {who} under {settings.heartbeat_key_prefix!r}", file=sys.stderr)
+            where = f"stream {settings.input_stream!r}, group {settings.group!r}" if not args.consumer else ""
+            print(
+                f"unhealthy: {what} for {who} under {settings.heartbeat_key_prefix!r}"
+                + (f" on {where}" if where else "")
+                + (f" ({others} fresh on other streams or groups)" if others else ""),
+                file=sys.stderr,
+            )
     return 0 if found else 1
+
+
+def _same_group(beat: dict, settings) -> bool:
+    """A heartbeat of a worker on this stream and group (one without these fields: an older worker, counted)."""
+    return beat.get("stream", settings.input_stream) == settings.input_stream and (
+        beat.get("group", settings.group) == settings.group
+    )
