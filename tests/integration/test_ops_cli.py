@@ -274,6 +274,22 @@ def test_healthcheck_counts_only_workers_of_its_stream_and_group(triage_env, red
     assert "1 fresh on other streams or groups" in got["any"].stderr
 
 
+def test_status_piped_into_a_reader_that_leaves_exits_quietly(triage_env):
+    """`status --watch --json | head -1`: the reader leaves after a line; status printed a BrokenPipeError
+    traceback. It ends with exit 0 and nothing on stderr."""
+    import subprocess
+    import sys
+
+    from tests.worker_proc import REPO
+
+    cmd = [sys.executable, "-m", "worker", "status", "--json", "--watch", "--interval-s", "0.05"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=triage_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert json.loads(proc.stdout.readline())["stream"] == triage_env["TRIAGE_INPUT_STREAM"]
+    proc.stdout.close()  # as `head -1` does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 @pytest.mark.parametrize("window_s", ["inf", "nan", "1e10", "-1"])
 def test_status_refuses_a_window_it_cannot_read_in_one_line(triage_env, window_s):
     r = run_cli(triage_env, "status", "--json", "--window-s", window_s)

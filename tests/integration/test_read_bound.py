@@ -398,3 +398,26 @@ def test_the_wait_for_new_entries_asks_less_often_after_a_quiet_spell_and_quickl
     clock.slept = []
     assert not source.read_new(15, 50)  # the fill of the window: fast again
     assert clock.slept[:5] == [0.001, 0.002, 0.004, 0.008, 0.016] and max(clock.slept) <= 0.02
+
+
+def test_a_stop_ends_the_wait_for_new_entries(redis_url, key_prefix, monkeypatch):
+    """The fill of a window waited out all of TRIAGE_MAX_WAIT_MS whatever happened: a warm stop with a long one
+    took that much longer than the one read block docs/worker.md promises. The stop is checked between polls."""
+    import threading
+
+    r = redis.Redis.from_url(redis_url)
+    source = StreamSource(r, key_prefix + "tickets", GROUP, "reader", ReadLimits(max_text_bytes=1000))
+    source.ensure_group()
+    clock = _Clock()
+    monkeypatch.setattr(source_module, "time", clock)
+    stop = threading.Event()
+    real_sleep = clock.sleep
+
+    def sleep_then_stop(s: float) -> None:  # the signal arrives during the third poll's pause
+        real_sleep(s)
+        if len(clock.slept) == 3:
+            stop.set()
+
+    clock.sleep = sleep_then_stop
+    assert not source.read_new(16, 600_000, stop=stop)
+    assert len(clock.slept) == 3 and clock.now - 1000.0 < 1  # not ten minutes of polls

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -66,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _loop(client, target, url, args, key_checks.stream_keys(s))
     except KeyboardInterrupt:  # Ctrl-C ends a watch
+        return 0
+    except BrokenPipeError:  # `status --json | head -1`, a watch whose reader left: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
         return 0
 
 

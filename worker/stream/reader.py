@@ -293,7 +293,7 @@ class Reader(threading.Thread):
     def _drain_new(self, budget: int) -> list[RawEntry]:
         """Up to N entries and ``budget`` bytes: wait until the first arrives, then at most max_wait_ms more to fill."""
         block = self.DRAIN_BLOCK_MS if self.drain else self.IDLE_BLOCK_MS
-        read = self.source.read_new(self.cap_items, block, budget)
+        read = self.source.read_new(self.cap_items, block, budget, stop=self.stop)
         budget -= read.looked_at
         got = self._take(read)
         self._partial = got
@@ -304,7 +304,7 @@ class Reader(threading.Thread):
             left_ms = self.max_wait_ms - (time.monotonic() - first_s) * 1000
             if left_ms < 1:
                 break
-            read = self.source.read_new(self.cap_items - len(got), int(left_ms), budget)
+            read = self.source.read_new(self.cap_items - len(got), int(left_ms), budget, stop=self.stop)
             budget -= read.looked_at
             got.extend(self._take(read))
         return got

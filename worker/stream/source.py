@@ -9,6 +9,7 @@ what is in ``reader.py``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,17 +151,20 @@ class StreamSource:
         return as_text(self.client.type(key))
 
     # ------------------------------------------------------------------ reads
-    def read_new(self, count: int, block_ms: int | None = None, max_bytes: int | None = None) -> Entries:
+    def read_new(
+        self, count: int, block_ms: int | None = None, max_bytes: int | None = None, stop: threading.Event | None = None
+    ) -> Entries:
         """Entries never delivered to anyone (XREADGROUP >; first delivery, count 1): at most ``count``, and no more
         once they reach ``max_bytes`` (default: the budget of ``count`` tickets). With ``block_ms``, waits that long
         for the first one, asking again every few ms (``PollPause``): a blocking read would hand over whatever
-        entry woke it, whatever its size."""
+        entry woke it, whatever its size. ``stop`` set ends the wait (a warm stop waited out a long
+        TRIAGE_MAX_WAIT_MS)."""
         budget = self.limits.budget(count) if max_bytes is None else max_bytes
         got = self._read_new(count, budget)
         if got or not block_ms:
             return got
         deadline = time.monotonic() + block_ms / 1000
-        while (left := deadline - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > 0 and not (stop is not None and stop.is_set()):
             time.sleep(min(self.poll.next(time.monotonic()), left))
             got = self._read_new(count, budget)
             if got:
