@@ -280,3 +280,35 @@ def test_eval_and_fit_work_for_an_encoder_and_for_joined_features(
     )
     clf = build_classifier(settings)
     assert clf.scorer.kind == "head" and clf.feature_dim == sum(head.blocks)
+
+
+def test_a_roberta_style_encoder_truncates_to_the_positions_it_has(tmp_path):
+    """RoBERTa, XLM-R, CamemBERT and MPNet number positions from padding_idx + 1: of 514 positions 512 hold tokens.
+    The limit was read as 514, so every ticket that long failed in the model (an index error) instead of being
+    truncated. A tiny RoBERTa with 34 positions (pad id 0: 33 usable) classifies a long ticket, truncated."""
+    from transformers import RobertaConfig, RobertaModel
+
+    from tests.tiny_model import build_bert_tokenizer
+
+    tok = build_bert_tokenizer()
+    torch.manual_seed(0)
+    cfg = RobertaConfig(
+        vocab_size=len(tok),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=34,
+        pad_token_id=tok.pad_token_id,
+        architectures=["RobertaModel"],
+    )
+    RobertaModel(cfg).save_pretrained(tmp_path / "roberta")
+    tok.save_pretrained(tmp_path / "roberta")
+    loaded = load_model(str(tmp_path / "roberta"), torch.device("cpu"), torch.float32, tmp_path / "cache")
+    assert loaded.max_length == 34 - (tok.pad_token_id + 1)
+    clf = Classifier(loaded, default_task(), max_input_tokens=512)
+    clf = clf.with_scoring(HeadScorer(_fit(clf)))
+    items = clf.prepare_valid([LONG[0] * 3, "short"])
+    assert items[0].truncated and len(items[0].ids) == loaded.max_length
+    preds, _ = clf.classify(items)
+    assert [p.label in clf.labels for p in preds] == [True, True]

@@ -76,7 +76,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     model = auto.from_pretrained(source, dtype=dtype, local_files_only=local)
     model.to(device)
     model.train(False)  # inference mode: dropout off
-    max_length = encoder_max_length(source, config) if kind == "encoder" else None
+    max_length = encoder_max_length(source, config, model) if kind == "encoder" else None
     if max_length is not None:
         # the engine truncates to max_length itself (after tokenizing without special tokens); the tokenizer's own
         # "sequence longer than the maximum" warning would only print into the logs
@@ -86,9 +86,16 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, cache_dir: P
     )
 
 
-def encoder_max_length(source: str, config) -> int:
-    """Positions the encoder was trained on; a sentence-transformers ``max_seq_length`` when the model has one."""
+def encoder_max_length(source: str, config, model=None) -> int:
+    """Positions the encoder was trained on; a sentence-transformers ``max_seq_length`` when the model has one.
+
+    RoBERTa-style embeddings (RoBERTa, XLM-R, CamemBERT, MPNet, ...) number positions from ``padding_idx + 1``:
+    of their 514 positions 512 hold tokens (a 514-token row was an index error, every long ticket a failure)."""
     limit = int(getattr(config, "max_position_embeddings", 512))
+    positions = getattr(getattr(model, "embeddings", None), "position_embeddings", None)
+    padding_idx = getattr(positions, "padding_idx", None)  # set only where positions are numbered past it
+    if isinstance(padding_idx, int) and padding_idx >= 0:
+        limit -= padding_idx + 1
     st = Path(source) / "sentence_bert_config.json"
     if st.is_file():
         limit = min(limit, int(json.loads(st.read_text()).get("max_seq_length", limit)))
