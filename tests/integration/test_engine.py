@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -242,6 +243,51 @@ def test_prompt_is_the_chat_conversation(loaded):
     messages.append({"role": "user", "content": "Where is my parcel?"})
     assert text == clf.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "billing: charges" in text  # label descriptions in the prefix
+
+
+# Gemma 2's template: no system turn ("System role not supported"), strictly alternating user / model turns
+NO_SYSTEM = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+# Llama 3.x's date line (its template uses strftime_now("%d %b %Y") unless given date_string); to the microsecond
+# here, so two renders differ without waiting for midnight
+DATED = (
+    "{%- if not date_string is defined %}{%- set date_string = strftime_now('%H:%M:%S.%f') %}{%- endif %}"
+    "{{ 'Today Date: ' + date_string + '\\n' }}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_chat_template_without_a_system_turn_gets_the_instructions_in_the_first_user_turn(loaded):
+    """Gemma 1/2 and Mistral v0.1/v0.2 templates raise on a system turn: start-up failed with a TemplateError."""
+    from worker.engine.prompt import build_template
+
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.chat_template = NO_SYSTEM
+    task = default_task()
+    template = build_template(tok, task)
+    prefix = tok.decode(list(template.prefix_ids))
+    first = task.examples[0].text
+    assert f"<start_of_turn>user\n{system_text(task)}\n\n{first}<end_of_turn>" in prefix
+    assert "<start_of_turn>system" not in prefix and template.answer_end == "<end_of_turn>\n"
+
+
+def test_a_chat_template_that_writes_the_time_renders_the_same_prompt_every_time(loaded):
+    """Llama 3.x writes today's date into the system turn: the prompt changed every day, so a head fitted yesterday
+    was refused (its prompt hash) and replicas started on different days ran different prompts."""
+    from worker.engine.prompt import FIXED_DATE, build_template
+
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.chat_template = DATED
+    first, again = build_template(tok, default_task()), build_template(tok, default_task())
+    assert first.prefix_ids == again.prefix_ids
+    assert tok.decode(list(first.prefix_ids)).startswith(f"Today Date: {FIXED_DATE}")
 
 
 def test_plain_tokenizer_without_chat_template(tmp_path):

@@ -50,13 +50,33 @@ def build_template(tokenizer: PreTrainedTokenizerBase, task: Task) -> PromptTemp
     )
 
 
+# Templates that write the day into the prompt (Llama 3.x: "Today Date: ..." from strftime_now unless given
+# date_string) would change the prefix daily: a head fitted yesterday refused ("prompt changed"), replicas started on
+# different days running different prompts. Every render gets this fixed day (Llama's own fallback).
+FIXED_DATE = "26 Jul 2024"
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, system: str, turns: list[dict], **kwargs) -> str:
+    """The chat template applied to a system turn and ``turns``. A template that refuses a system turn (Gemma 1/2,
+    Mistral v0.1/v0.2 raise) gets the system text at the head of the first user turn, as Gemma 3's folds it."""
+    from jinja2.exceptions import TemplateError
+
+    kwargs = {"tokenize": False, "date_string": FIXED_DATE, **kwargs}
+    try:
+        return tokenizer.apply_chat_template([{"role": "system", "content": system}, *turns], **kwargs)
+    except TemplateError:
+        first, *rest = turns
+        folded = {**first, "content": f"{system}\n\n{first['content']}"}
+        return tokenizer.apply_chat_template([folded, *rest], **kwargs)
+
+
 def _chat_parts(tokenizer: PreTrainedTokenizerBase, task: Task) -> tuple[str, str]:
-    messages = [{"role": "system", "content": system_text(task)}]
+    turns = []
     for ex in task.examples:
-        messages.append({"role": "user", "content": ex.text})
-        messages.append({"role": "assistant", "content": ex.label})
-    messages.append({"role": "user", "content": _SLOT})
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        turns.append({"role": "user", "content": ex.text})
+        turns.append({"role": "assistant", "content": ex.label})
+    turns.append({"role": "user", "content": _SLOT})
+    rendered = _render(tokenizer, system_text(task), turns, add_generation_prompt=True)
     if rendered.count(_SLOT) != 1:
         raise ValueError("chat template did not render the ticket slot exactly once")
     prefix, tail = rendered.split(_SLOT)
@@ -65,13 +85,9 @@ def _chat_parts(tokenizer: PreTrainedTokenizerBase, task: Task) -> tuple[str, st
 
 def _chat_answer_end(tokenizer: PreTrainedTokenizerBase, task: Task) -> str:
     """What the chat template writes after an assistant's answer (``<|im_end|>\\n``); the EOS token if nothing."""
-    messages = [
-        {"role": "system", "content": system_text(task)},
-        {"role": "user", "content": "ticket"},
-        {"role": "assistant", "content": _SLOT},
-    ]
+    turns = [{"role": "user", "content": "ticket"}, {"role": "assistant", "content": _SLOT}]
     try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+        rendered = _render(tokenizer, system_text(task), turns)
     except Exception:  # noqa: BLE001 - a template that refuses a closing assistant turn: fall back to EOS
         rendered = ""
     after = rendered.split(_SLOT, 1)[1] if rendered.count(_SLOT) == 1 else ""
