@@ -230,6 +230,18 @@ def test_verify_refuses_an_object_id_naming_its_line_before_loading_the_model(ti
     assert capsys.readouterr().err.startswith(f"triage-worker verify: {bad}:2: not valid JSON")
 
 
+def test_verify_skips_a_text_that_is_no_string_as_the_worker_dead_letters_it(tiny_env, tmp_path):
+    """`"text": null` / `42` / `["x"]` were verified as the tickets "None", "42" and "['x']", which no worker
+    classifies (it dead-letters them): they are skipped as invalid, like any other invalid ticket."""
+    rows = tmp_path / "rows.jsonl"
+    texts = [None, 42, ["x"], "refund please", "the app crashes"]
+    rows.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "verify.json"
+    assert main(["verify", "--input", str(rows), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["skipped_invalid"] == 3 and report["n"] == 2
+
+
 def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, capsys, monkeypatch):
     head_path, task_path = tmp_path / "head.safetensors", tmp_path / "task.yaml"
     rc = main(

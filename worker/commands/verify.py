@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"triage-worker verify: {e}", file=sys.stderr)
         return 2
     clf = build_classifier(settings)
-    prepared = clf.prepare([str(r["text"]) for r in rows])
+    prepared = clf.prepare([r["text"] for r in rows])  # a null or a number is an invalid ticket, not "None"
     keep = [i for i, p in enumerate(prepared) if not isinstance(p, InvalidTicket)]
     skipped = len(rows) - len(keep)
     items = [prepared[i] for i in keep]
