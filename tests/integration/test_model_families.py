@@ -87,6 +87,26 @@ def test_packed_attention_stays_on_where_it_is_the_models_own(tmp_path):
     assert np.abs(_engine_logp(clf, items) - _model_logp(clf, items)).max() < 1e-4
 
 
+@pytest.mark.parametrize("attention", ["padded", "packed"])
+def test_a_gemma3_checkpoint_loads_as_its_image_text_model_and_runs_on_its_text_config(tmp_path, attention):
+    """``AutoModelForCausalLM`` loads a gemma3 checkpoint as ``Gemma3ForConditionalGeneration``, whose config keeps
+    heads, windows and positions in ``text_config``: start-up refused it ("no attention heads (a state-space
+    model?)"). Read from the text config, it runs the fast paths and gives the model's own probabilities."""
+    tok = build_tokenizer()
+    text = dict(SMALL, vocab_size=len(tok), pad_token_id=tok.pad_token_id, num_key_value_heads=2, head_dim=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28)
+    cfg = tf.Gemma3Config(text_config=text, vision_config=dict(vision, patch_size=14), mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    scaled_up(tf.Gemma3ForConditionalGeneration(cfg)).save_pretrained(tmp_path / "gemma3")
+    tok.save_pretrained(tmp_path / "gemma3")
+    lm = load_model(str(tmp_path / "gemma3"), torch.device("cpu"), torch.float32, tmp_path / "cache")
+    assert type(lm.model).__name__ == "Gemma3ForConditionalGeneration"
+    clf = Classifier(lm, TASK, attention=attention)
+    assert clf.attention == attention and clf.use_prefix_cache  # the default 4,096-token window: rows fit in it
+    items = clf.prepare_valid(TEXTS)
+    assert np.abs(_engine_logp(clf, items) - _model_logp(clf, items)).max() < 1e-4
+
+
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_mpt_alibi_label_continuations_after_padded_rows_are_the_models(tmp_path, prefix_cache):
     """MPT's ALiBi counts key slots: a continuation after a shorter row's padding moved by up to 0.48 in log p."""

@@ -18,6 +18,7 @@ import logging
 import torch
 
 from worker.engine import varlen
+from worker.engine.compat import text_config
 from worker.engine.exactness import FastPaths
 from worker.engine.types import ConfigError
 
@@ -30,7 +31,7 @@ def setup_attention(
     """(fast paths, attention, kernel) for ``model``: ``wanted`` less what the rules in ``fast`` and the checks
     on the model rule out (each logged, the prefix cache's too); ``kernel`` (``EngineOptions.attention_kernel``)
     resolved, falling back to the exact torch kernel when the fast one fails its self-test."""
-    cfg = model.config
+    cfg = text_config(model.config)
     heads = getattr(cfg, "num_attention_heads", None)
     if not heads:
         raise ConfigError(

@@ -29,6 +29,7 @@ import torch
 
 from worker.engine import bucketing
 from worker.engine.attention_setup import setup_attention
+from worker.engine.compat import text_config
 from worker.engine.device import dtype_name, pick_attention, sdpa_context
 from worker.engine.encoder import run_encoder
 from worker.engine.exactness import FastPaths, fast_paths
@@ -110,7 +111,7 @@ class Classifier:
         # "packed" (one unpadded stream per pass, the prefix K/V shared through a log-sum-exp merge: CUDA)
         # the fast paths only where they are the model's own attention: rules read from the config (exactness: a
         # sliding window, soft-capped logits), then checks on the loaded model (attention_setup: a packed call)
-        cfg, cont = self.model.config, getattr(self.scorer, "labels", _NO_LABELS).max_continuation
+        cfg, cont = text_config(self.model.config), getattr(self.scorer, "labels", _NO_LABELS).max_continuation
         self.fast_paths = fast_paths(cfg, self.prefix_length + self.framing.max_row + cont) if decoder else FastPaths()
         wanted = pick_attention(self.options.attention, self.model.device) if decoder else "padded"
         self.fast_paths, self.attention, self.attention_kernel = setup_attention(

@@ -36,3 +36,9 @@ def output_cache(out):
     """The KV cache of a decoder output (``out.cache`` on 5.24, ``out.past_key_values`` on 5.17)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def text_config(config):
+    """The language model's part of a config: a composite one (Gemma 3's image-text model, which
+    ``AutoModelForCausalLM`` loads for a gemma3 checkpoint) keeps heads, windows and positions in its text config."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from worker.engine.compat import text_config
+
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -45,7 +47,7 @@ def _check_final_step(model) -> tuple[Transform | None, str | None]:
 
 def final_logit_transform(config) -> Transform | None:
     """The final logit step a config describes, as a function of the LM head's output (None: it describes none)."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = text_config(config)
     scale = 1.0
     if getattr(cfg, "logits_scaling", None):  # Granite: logits / logits_scaling
         scale /= float(cfg.logits_scaling)

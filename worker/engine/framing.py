@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from worker.engine.compat import text_config
 from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel
 from worker.engine.prompt import PromptTemplate
@@ -40,7 +41,7 @@ class Framing:
         if loaded.kind == "encoder":
             specials = len(template.lead_ids) + len(template.tail_ids)
             limit = max(1, min(max_input_tokens, (loaded.max_length or max_input_tokens + specials) - specials))
-        elif (positions := decoder_positions(loaded.model.config)) is not None:
+        elif (positions := decoder_positions(text_config(loaded.model.config))) is not None:
             around = len(template.prefix_ids) + len(template.lead_ids) + len(template.tail_ids) + reserve
             if positions - around < 1:
                 raise ConfigError(
