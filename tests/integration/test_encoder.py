@@ -88,6 +88,18 @@ def test_encoder_truncates_to_its_position_limit_and_flags_it(loaded_bert):
     assert "over the 62-token limit" in str(strict.prepare(["refund " * 200])[0])
 
 
+def test_joined_features_flag_the_encoders_cut_and_refuse_it_with_truncation_off(loaded_lm, loaded_bert):
+    """The encoder of joined features cuts at its own limit (64 here, MiniLM's 254): that ticket is flagged
+    truncated, and with TRIAGE_TRUNCATE=false refused like any other over a limit (it was cut all the same)."""
+    text = "refund " * 80  # ~80 tokens: within the LM's limit, over the encoder's
+    cut = Classifier(loaded_lm, default_task(), encoder=loaded_bert).prepare([text])[0]
+    assert cut.truncated and cut.n_text_tokens < Classifier(loaded_lm, default_task()).framing.limit
+    (refused,) = Classifier(loaded_lm, default_task(), encoder=loaded_bert, truncate=False).prepare([text])
+    assert (
+        isinstance(refused, InvalidTicket) and "for the encoder" in str(refused) and "truncation is off" in str(refused)
+    )
+
+
 def test_encoder_with_a_head_batched_equals_reference_and_prompt_scoring_is_refused(
     loaded_bert, tiny_bert_dir, tmp_path
 ):

@@ -118,7 +118,8 @@ def prepare(
     """Tokenize tickets in one tokenizer call per backbone; bad ones come back as ``InvalidTicket``.
 
     A ticket over ``lm.limit`` tokens is cut, or refused when ``truncate`` is off. ``aux``: the
-    encoder of joined features, whose row is always cut to its own limit."""
+    encoder of joined features, whose row is cut to its own limit the same way (refused when ``truncate`` is off:
+    it was cut whatever the setting)."""
     out: list[Prepared | InvalidTicket] = [InvalidTicket("ticket text is empty")] * len(texts)
     todo = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
     for i, t in enumerate(texts):
@@ -141,6 +142,12 @@ def prepare(
         aux_ids, aux_cut = (), False
         if aux is not None:
             aux_ids, aux_cut = aux.frame(aux_enc[k]), len(aux_enc[k]) > aux.limit
+            if aux_cut and not truncate:
+                out[i] = InvalidTicket(
+                    f"ticket is {len(aux_enc[k])} tokens for the encoder, over its {aux.limit}-token limit "
+                    "(truncation is off)"
+                )
+                continue
         out[i] = Prepared(
             ids=lm.frame(ids), n_text_tokens=min(n, limit), truncated=n > limit or aux_cut, aux_ids=aux_ids
         )
