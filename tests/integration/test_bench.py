@@ -134,6 +134,21 @@ def test_flop_counts_follow_the_documented_formula(tiny_model_dir):
     assert computed_flops(shape, [batch], 10, cached=True, pad_to=5) == 2 * row_flops(shape, 5, 10)
 
 
+def test_an_encoders_flops_count_no_embedding_table_no_pooler_and_every_attention_pair(tiny_bert_dir):
+    """MiniLM's position and token-type tables (197k) and pooler (148k) were counted as per-token matmuls (3% of
+    N) and its attention as causal (half the pairs): an encoder's MFU was wrong both ways."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_bert_dir)
+    shape = ModelShape.from_model(model, causal=False)
+    emb = model.embeddings
+    tables = sum(t.weight.numel() for t in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings))
+    pooler = sum(p.numel() for p in model.pooler.parameters())
+    assert shape.non_embedding_params == sum(p.numel() for p in model.parameters()) - tables - pooler
+    n, a, layers = shape.non_embedding_params, shape.attn_width, shape.layers
+    assert row_flops(shape, 3) == 2 * n * 3 + 4 * layers * a * 9  # every query sees all 3 keys
+
+
 def test_input_files_jsonl_and_csv(tmp_path):
     rows = [{"text": f"ticket number {i}", "label": "billing" if i % 2 else "other"} for i in range(10)]
     jl = tmp_path / "t.jsonl"

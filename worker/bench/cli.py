@@ -209,7 +209,7 @@ def _run(
         why = "; ".join(f"{k} x{v}" for k, v in dropped.items())
         print(f"triage-bench: all {requested} tickets would be dead-lettered ({why}): nothing to time", file=sys.stderr)
         return 2
-    shape = ModelShape.from_model(first.model)
+    shape = ModelShape.from_model(first.model, causal=first.kind != "encoder")
     gemm = measure_gemm(
         shape, first.device, first.model.dtype, args.gemm_tokens or (8192 if first.device.type == "cuda" else 512)
     )

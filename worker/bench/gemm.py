@@ -34,16 +34,25 @@ class ModelShape:
     intermediate: int
     vocab: int
     non_embedding_params: int
+    causal: bool = True  # an encoder's tokens attend both ways: s^2 query-key pairs, not s(s+1)/2
 
     @classmethod
-    def from_model(cls, model) -> ModelShape:
+    def from_model(cls, model, causal: bool = True) -> ModelShape:
+        """Its shape; ``non_embedding_params`` leaves out every embedding table (tokens, positions, token types),
+        an untied LM head and an encoder's pooler (one token a row): the per-token matmuls alone."""
+        import torch
+
         cfg = model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         total = sum(p.numel() for p in model.parameters())
         emb = model.get_input_embeddings().weight
+        tables = {m.weight.data_ptr(): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        tables[emb.data_ptr()] = emb.numel()
         out = model.get_output_embeddings()
-        untied_head = out.weight.numel() if out is not None and out.weight.data_ptr() != emb.data_ptr() else 0
+        untied_head = out.weight.numel() if out is not None and out.weight.data_ptr() not in tables else 0
+        pooler = getattr(model, "pooler", None)
+        pooled = sum(p.numel() for p in pooler.parameters()) if isinstance(pooler, torch.nn.Module) else 0
         return cls(
             layers=cfg.num_hidden_layers,
             hidden=cfg.hidden_size,
@@ -52,7 +61,8 @@ class ModelShape:
             head_dim=head_dim,
             intermediate=cfg.intermediate_size,
             vocab=cfg.vocab_size,
-            non_embedding_params=total - emb.numel() - untied_head,
+            non_embedding_params=total - sum(tables.values()) - untied_head - pooled,
+            causal=causal,
         )
 
     @property
@@ -69,8 +79,9 @@ class ModelShape:
 
 
 def row_flops(shape: ModelShape, tokens: int, past: int = 0) -> float:
-    """FLOPs for ``tokens`` positions that follow ``past`` cached ones (causal attention)."""
-    pairs = past * tokens + tokens * (tokens + 1) / 2  # keys each query may attend to, summed
+    """FLOPs for ``tokens`` positions that follow ``past`` cached ones (causal attention; an encoder's: every pair)."""
+    own = tokens * (tokens + 1) / 2 if shape.causal else tokens * tokens
+    pairs = past * tokens + own  # keys each query may attend to, summed
     return 2.0 * shape.non_embedding_params * tokens + 4.0 * shape.layers * shape.attn_width * pairs
 
 
