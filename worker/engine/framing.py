@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from worker.engine.compat import text_config
 from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel
+from worker.engine.pieces import continuation_backend
 from worker.engine.prompt import PromptTemplate
 from worker.engine.types import ConfigError, InvalidTicket, Prepared
 
@@ -27,10 +28,11 @@ class Framing:
     tokenizer: PreTrainedTokenizerBase
     template: PromptTemplate
     limit: int  # ticket tokens at most (the framing ids not counted)
+    continuation: bool = False  # the ticket continues a prompt (a causal LM's row): no word-start marker (pieces.py)
     encode: Encode = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "encode", ticket_encoder(self.tokenizer))
+        object.__setattr__(self, "encode", ticket_encoder(self.tokenizer, self.continuation))
 
     @classmethod
     def of(cls, loaded: LoadedModel, template: PromptTemplate, max_input_tokens: int, reserve: int = 0) -> Framing:
@@ -50,7 +52,7 @@ class Framing:
                     setting="TRIAGE_TASK_FILE",
                 )
             limit = min(max_input_tokens, positions - around)
-        return cls(loaded.tokenizer, template, limit)
+        return cls(loaded.tokenizer, template, limit, continuation=loaded.kind == "decoder")
 
     @property
     def pad_id(self) -> int:
@@ -91,8 +93,10 @@ def decoder_positions(config) -> int | None:
     return None
 
 
-def ticket_encoder(tokenizer: PreTrainedTokenizerBase) -> Encode:
-    """Ticket texts -> ids, exactly as ``tokenizer(texts, add_special_tokens=False, split_special_tokens=True)``.
+def ticket_encoder(tokenizer: PreTrainedTokenizerBase, continuation: bool = False) -> Encode:
+    """Ticket texts -> ids, exactly as ``tokenizer(texts, add_special_tokens=False, split_special_tokens=True)``;
+    with ``continuation`` as they continue a row (a SentencePiece-style tokenizer's word-start marker left out:
+    ``pieces.continuation_backend``).
 
     ``split_special_tokens``: "<|im_end|>" typed in a ticket is plain text, never a control token.
     A fast tokenizer is called on a private copy of its Rust backend (no truncation, no padding,
@@ -104,7 +108,7 @@ def ticket_encoder(tokenizer: PreTrainedTokenizerBase) -> Encode:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "encode_special_tokens"):
         return lambda texts: tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    own = copy.deepcopy(backend)
+    own = (continuation_backend(backend) if continuation else None) or copy.deepcopy(backend)
     own.no_truncation()
     own.no_padding()
     own.encode_special_tokens = True

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from worker.engine.pieces import encode_continuation
 from worker.engine.task import Task
 
 _SLOT = "\u2063TRIAGE_TICKET_SLOT\u2063"
@@ -41,12 +42,12 @@ def build_template(tokenizer: PreTrainedTokenizerBase, task: Task) -> PromptTemp
     else:
         prefix, tail = _plain_parts(task)
         lead, chat, end = " ", False, "\n"
-    enc = lambda s: tuple(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    prefix_ids = enc(prefix)
+    prefix_ids = tuple(tokenizer(prefix, add_special_tokens=False)["input_ids"])
     if not chat and tokenizer.bos_token_id is not None:
         prefix_ids = (tokenizer.bos_token_id,) + prefix_ids
+    tail_ids = encode_continuation(tokenizer, tail)  # it follows the ticket's text: no word-start marker
     return PromptTemplate(
-        prefix_ids=prefix_ids, tail_ids=enc(tail), label_lead=lead, uses_chat_template=chat, answer_end=end
+        prefix_ids=prefix_ids, tail_ids=tail_ids, label_lead=lead, uses_chat_template=chat, answer_end=end
     )
 
 
