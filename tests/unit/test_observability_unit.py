@@ -180,6 +180,19 @@ def test_metrics_off_hooks_accept_the_same_calls():
     assert not off.enabled
 
 
+def test_metrics_off_has_every_hook_of_the_prometheus_metrics_with_its_signature():
+    """The loop calls the hooks on whichever it was given: a hook only PrometheusMetrics has would be an
+    AttributeError the moment metrics are off (the default). serve / close are the server's own, called only
+    on a PrometheusMetrics."""
+    import inspect
+
+    own = {"serve", "close"}
+    hooks = {n for n, f in vars(PrometheusMetrics).items() if callable(f) and not n.startswith("_")} - own
+    for name in sorted(hooks):
+        assert hasattr(Metrics, name), f"Metrics lacks {name}"
+        assert inspect.signature(getattr(Metrics, name)) == inspect.signature(getattr(PrometheusMetrics, name)), name
+
+
 NOW = 1_000_000_000
 
 
