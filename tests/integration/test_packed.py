@@ -564,3 +564,37 @@ def test_cuda_packed_with_graphs_agrees_with_padded(tiny_model_dir, task):
             assert clf.attention_kernel == "flash"
             runner = clf._graphs
             assert runner is not None and runner.enabled and runner.captures >= 1 and runner.replays >= 1
+
+
+def test_a_graph_is_captured_with_positions_the_model_has(tmp_path):
+    """A graph's capture runs one synthetic row of the shape's longest row (rounded up to a power of two) after the
+    prefix: on a model with a learned position table (GPT-2, 128 positions here) that ran past it where no real row
+    does (an IndexError here, a device-side assert that ends the process on CUDA: every ticket dead-lettered). The
+    capture's positions stop at the real pass's last; the capture pass runs (on the CPU, as the warm-up would)."""
+    import transformers as tf
+
+    from tests.tiny_model import build_tokenizer, scaled_up
+    from worker.engine.graphs import capture_inputs, shape_for
+    from worker.engine.packed import Layout, PackedCall, call_decoder, prefix_layers_of
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(
+        vocab_size=len(tok), pad_token_id=tok.pad_token_id, n_embd=64, n_head=4, n_layer=2, n_positions=128
+    )
+    scaled_up(tf.GPT2LMHeadModel(cfg)).save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    lm = load_model(str(tmp_path / "gpt2"), torch.device("cpu"), torch.float32, tmp_path / "cache")
+    task = Task(labels=("billing", "bug", "other"), instructions="Classify the ticket.")
+    clf = Classifier(lm, task, attention="packed")
+    items = clf.prepare_valid(["Error 500 on login page " * 60, "short ticket", "another short one"])
+    lengths = [len(p.ids) for p in items]
+    tokens, rows, longest = shape_for(Layout.build(lengths))
+    last = clf.prefix_length + max(lengths) - 1
+    assert last < 128 <= clf.prefix_length + min(longest, tokens) - 1  # the premise: the unclamped row ran past
+    ids, pos, cu = capture_inputs(tokens, rows, longest, clf.prefix_length, last, clf.pad_id, torch.device("cpu"))
+    assert int(pos.max()) == last
+    call = PackedCall(kernel="torch", cu_q=cu, max_q=longest, prefix=prefix_layers_of(clf._prefix))
+    with torch.inference_mode():
+        hidden = call_decoder(clf.model, ids, pos, call)
+    assert hidden.shape[0] == tokens

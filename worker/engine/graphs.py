@@ -171,12 +171,8 @@ class GraphRunner:
         """``t0``: when ``run`` started this capture (one clock for ``capture_s`` and the logged ``capture_ms``)."""
         dev = self.model.device
         tokens, rows, longest = layout.padded_total, layout.segments, layout.max_len
-        st_ids = torch.full((tokens,), self.pad_id, dtype=torch.long, device=dev)
-        st_pos = torch.zeros(tokens, dtype=torch.long, device=dev)
-        # synthetic layout for the capture: one row of `longest` tokens (or fewer), the rest empty
-        first = min(longest, tokens)
-        st_cu = torch.tensor([0] + [first] * rows, dtype=torch.int32, device=dev)
-        st_pos[:first] = torch.arange(first, device=dev) + (prefix.length if prefix is not None else 0)
+        past = prefix.length if prefix is not None else 0
+        st_ids, st_pos, st_cu = capture_inputs(tokens, rows, longest, past, int(pos.max()), self.pad_id, dev)
         call = PackedCall(kernel=kernel, cu_q=st_cu, max_q=longest, prefix=prefix, keep_kv=keep_kv)
 
         def fwd() -> torch.Tensor:
@@ -184,11 +180,13 @@ class GraphRunner:
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fwd()  # warm-up outside the capture (allocator, cuBLAS handles, lazy inits)
-            with _syncs_raise():  # what would break the capture (a host sync) raises here, before it starts
-                fwd()
-        torch.cuda.current_stream().wait_stream(side)
+        try:
+            with torch.cuda.stream(side):
+                fwd()  # warm-up outside the capture (allocator, cuBLAS handles, lazy inits)
+                with _syncs_raise():  # what would break the capture (a host sync) raises here, before it starts
+                    fwd()
+        finally:  # also when a warm-up raised: its queued kernels still read st_* (freed to this stream's pool)
+            torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         hidden = self._record(graph, fwd)
         g = _Graph(graph, st_ids, st_pos, st_cu, hidden, list(call.kv), call)
@@ -263,3 +261,18 @@ def log_captured(**fields) -> None:
 
 def _ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1000, 1)
+
+
+def capture_inputs(
+    tokens: int, rows: int, longest: int, past: int, last_position: int, pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The static inputs a graph is captured with: one row of ``longest`` tokens (or fewer), the rest empty (the
+    replay loads the real pass's). Positions stop at ``last_position``, the real pass's last: a row of ``longest``
+    tokens after ``past`` may run past a learned position table (GPT-2's 1,024) that no real row reaches, an index
+    error on the CPU and a device-side assert, fatal to the process, on CUDA."""
+    first = min(longest, tokens)
+    ids = torch.full((tokens,), pad_id, dtype=torch.long, device=device)
+    pos = torch.zeros(tokens, dtype=torch.long, device=device)
+    pos[:first] = (torch.arange(first, device=device) + past).clamp(max=last_position)
+    cu = torch.tensor([0] + [first] * rows, dtype=torch.int32, device=device)
+    return ids, pos, cu
