@@ -171,6 +171,33 @@ def test_a_group_recreated_during_a_read_of_our_pending_entries_is_read_from_the
     assert reader._pending_cursor != "0"
 
 
+def test_entries_in_hand_delivered_again_as_new_start_a_new_epoch_and_are_read_again(redis_url, key_prefix):
+    """Another worker recreated the group (or an operator did, or Redis came back from an older snapshot) while a
+    window of ours was in flight, and this process met no NOGROUP. The new group delivers that window's ids to us
+    as new. They were skipped as in hand; the window's passes written before that re-delivery found them not ours;
+    so they ended pending on us in no window until a claim took them, TRIAGE_CLAIM_IDLE_MS later. Now the guard
+    moves to a new epoch (the window is dropped) and our pending entries are read again at once."""
+    client = redis.Redis.from_url(redis_url)
+    stream = key_prefix + "tickets"
+    ids = [client.xadd(stream, {"id": f"w-{i}", "text": "hello"}).decode() for i in range(4)]
+    source = StreamSource(client, stream, "triage", "reader-test")
+    source.ensure_group()
+    reader = _reader(source)
+    guard = reader.guard
+    reader._epoch, reader._pending_cursor = guard.epoch, None
+    where, window = reader._read()
+    assert where == "new" and [e.stream_id for e in window] == ids  # the window in flight
+    client.xgroup_destroy(stream, "triage")  # recreated by someone else, at the recovery point (here: 0)
+    client.xgroup_create(stream, "triage", id="0")
+    reader._epoch = guard.epoch
+    where, got = reader._read()  # the new group hands the window's ids to us as new
+    assert got == [] and guard.epoch == 1 and reader._pending_cursor == "0"
+    reader.settled(SimpleNamespace(ids=ids, epoch=0))  # the loop drops the window of the old epoch
+    reader._epoch = guard.epoch
+    where, got = reader._read()
+    assert where == "pending" and [e.stream_id for e in got] == ids  # read again now, not a claim 60 s later
+
+
 def test_an_entry_that_gives_a_field_twice_is_dead_lettered_with_its_fields_as_sent(redis_url, key_prefix):
     """redis-py reads an entry into a dict: of `text "good text" text ""` only the last stayed, so the ticket was
     dead-lettered as "text is empty", with a payload size and hash that were not the entry's."""

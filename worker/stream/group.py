@@ -71,3 +71,26 @@ class GroupGuard:
             )
             for fn in self._listeners:
                 fn()
+
+    def found_recreated(self, seen_epoch: int, *, op: str, ids: list[str]) -> None:
+        """The group was recreated underneath without this process meeting NOGROUP (another worker's recovery, an
+        operator's DESTROY + CREATE, Redis back from an older snapshot): ``ids``, held by this process from
+        ``seen_epoch``, were just delivered again as new. As ``recover`` after it created the group: a new epoch,
+        held windows dropped, this consumer's pending entries read again (those ids among them). Before, they
+        were skipped as in hand and then pending in no window until XAUTOCLAIM took them, TRIAGE_CLAIM_IDLE_MS
+        later."""
+        with self._lock:
+            if seen_epoch != self.epoch:
+                return
+            self.epoch += 1
+            self.log.warning(
+                "group_recreated",
+                op=op,
+                error=f"{len(ids)} entries in hand delivered again as new (first {ids[0]})",
+                epoch=self.epoch,
+                start_id="(recreated underneath)",
+                note="windows read from the lost group are dropped; entries after the recovery point are "
+                "delivered again",
+            )
+            for fn in self._listeners:
+                fn()

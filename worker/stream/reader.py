@@ -290,12 +290,22 @@ class Reader(threading.Thread):
         self.in_flight.add([e.stream_id for e in fresh], self._epoch, unread=unread)
         return fresh
 
+    def _take_new(self, read: list[RawEntry]) -> list[RawEntry]:
+        """``_take`` for first deliveries (XREADGROUP >): an id held in this epoch can come as new only from a group
+        recreated underneath, where this process met no NOGROUP (``GroupGuard.found_recreated``)."""
+        fresh = self._take(read)
+        if len(fresh) < len(read):
+            taken = {e.stream_id for e in fresh}
+            again = [e.stream_id for e in read if e.stream_id not in taken]
+            self.guard.found_recreated(self._epoch, op="read", ids=again)
+        return fresh
+
     def _drain_new(self, budget: int) -> list[RawEntry]:
         """Up to N entries and ``budget`` bytes: wait until the first arrives, then at most max_wait_ms more to fill."""
         block = self.DRAIN_BLOCK_MS if self.drain else self.IDLE_BLOCK_MS
         read = self.source.read_new(self.cap_items, block, budget, stop=self.stop)
         budget -= read.looked_at
-        got = self._take(read)
+        got = self._take_new(read)
         self._partial = got
         if not got:
             return got
@@ -306,7 +316,7 @@ class Reader(threading.Thread):
                 break
             read = self.source.read_new(self.cap_items - len(got), int(left_ms), budget, stop=self.stop)
             budget -= read.looked_at
-            got.extend(self._take(read))
+            got.extend(self._take_new(read))
         return got
 
     def _on_read_error(self, e: Exception) -> None:
