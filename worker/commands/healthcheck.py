@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from worker import preflight
     from worker.logs import mask_url
-    from worker.stream.health import fresh_heartbeats, is_ready
+    from worker.stream.health import fresh_heartbeats, is_ready, of_group
 
     # unknown TRIAGE_ names are `run`'s and `check`'s business: a probe must not turn a worker unhealthy
     settings, problems = preflight.load_settings(unknown=False)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         found = list(fresh_heartbeats(client, settings.heartbeat_key_prefix, args.consumer))
         others = 0
         if not args.consumer:
-            mine = [(c, beat) for c, beat in found if _same_group(beat, settings)]
+            mine = [(c, beat) for c, beat in found if of_group(beat, settings.input_stream, settings.group)]
             others, found = len(found) - len(mine), mine
         if args.host:
             found = [(c, beat) for c, beat in found if beat.get("host") == args.host]
@@ -74,10 +74,3 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     return 0 if found else 1
-
-
-def _same_group(beat: dict, settings) -> bool:
-    """A heartbeat of a worker on this stream and group (one without these fields: an older worker, counted)."""
-    return beat.get("stream", settings.input_stream) == settings.input_stream and (
-        beat.get("group", settings.group) == settings.group
-    )

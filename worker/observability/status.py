@@ -18,7 +18,7 @@ import redis
 
 from worker.engine.types import percentile
 from worker.observability.reasons import reason_class
-from worker.stream.health import fresh_heartbeats
+from worker.stream.health import fresh_heartbeats, of_group
 from worker.stream.records import stream_id_ms
 
 
@@ -45,7 +45,7 @@ def collect(client: redis.Redis, t: Target, *, window_s: float = 60.0, max_resul
     beats = {
         name: beat
         for name, beat in fresh_heartbeats(client, t.heartbeat_key_prefix)
-        if beat.get("stream", t.stream) == t.stream and beat.get("group", t.group) == t.group
+        if of_group(beat, t.stream, t.group)
     }
     workers = [
         _worker(name, beats.get(name), consumers.get(name), results["by_worker"].get(name, 0), now_ms, t.claim_idle_ms)

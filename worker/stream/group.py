@@ -55,40 +55,34 @@ class GroupGuard:
         Once per loss: an operation that started before a recovery it did not see is already
         covered. Raises what ``ensure_group`` raises (Redis down): the caller retries as for
         any Redis error and will meet NOGROUP again."""
-        with self._lock:
-            if seen_epoch != self.epoch:
-                return
-            start = self.source.ensure_group()
-            self.epoch += 1
-            self.log.warning(
-                "group_recreated",
-                op=op,
-                error=f"{type(error).__name__}: {error}",
-                epoch=self.epoch,
-                start_id=start if start is not None else "(recreated by another worker)",
-                note="windows read from the lost group are dropped; entries after the recovery point are "
-                "delivered again",
-            )
-            for fn in self._listeners:
-                fn()
+        self._new_epoch(seen_epoch, op, f"{type(error).__name__}: {error}", create=True)
 
     def found_recreated(self, seen_epoch: int, *, op: str, ids: list[str]) -> None:
         """The group was recreated underneath without this process meeting NOGROUP (another worker's recovery, an
         operator's DESTROY + CREATE, Redis back from an older snapshot): ``ids``, held by this process from
-        ``seen_epoch``, were just delivered again as new. As ``recover`` after it created the group: a new epoch,
+        ``seen_epoch``, were just delivered again as new. As ``recover``, without creating the group: a new epoch,
         held windows dropped, this consumer's pending entries read again (those ids among them). Before, they
         were skipped as in hand and then pending in no window until XAUTOCLAIM took them, TRIAGE_CLAIM_IDLE_MS
         later."""
+        self._new_epoch(seen_epoch, op, f"{len(ids)} entries in hand delivered again as new (first {ids[0]})")
+
+    def _new_epoch(self, seen_epoch: int, op: str, error: str, *, create: bool = False) -> None:
+        """Once per loss (an operation from an older epoch is covered already): the group created at the recovery
+        point if asked, the epoch moved on, the listeners told."""
         with self._lock:
             if seen_epoch != self.epoch:
                 return
+            # ensure_group: the id it created the group at, or None when another worker had created it
+            start = (
+                (self.source.ensure_group() or "(recreated by another worker)") if create else "(recreated underneath)"
+            )
             self.epoch += 1
             self.log.warning(
                 "group_recreated",
                 op=op,
-                error=f"{len(ids)} entries in hand delivered again as new (first {ids[0]})",
+                error=error,
                 epoch=self.epoch,
-                start_id="(recreated underneath)",
+                start_id=start,
                 note="windows read from the lost group are dropped; entries after the recovery point are "
                 "delivered again",
             )

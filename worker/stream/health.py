@@ -333,6 +333,12 @@ def fresh_heartbeats(client: redis.Redis, key_prefix: str, consumer: str | None 
             yield (key.decode() if isinstance(key, bytes) else key)[len(key_prefix) :], beat
 
 
+def of_group(beat: dict, stream: str, group: str) -> bool:
+    """A heartbeat of a worker reading ``stream`` in ``group`` (one without these fields: an older worker, counted):
+    what ``status`` lists and ``healthcheck`` counts when no consumer is named."""
+    return beat.get("stream", stream) == stream and beat.get("group", group) == group
+
+
 def is_ready(beat: dict) -> bool:
     """Past start-up (model loaded, loop running): any phase but ``starting``; a heartbeat without one counts."""
     return beat.get("phase") != "starting"
