@@ -6,6 +6,7 @@ Real sockets, real failures, no mocks, and no need to restart the (shared) Redis
         url = f"redis://127.0.0.1:{proxy.port}/0"
         proxy.drop_at(b"EXEC", after=False)  # next MULTI/EXEC never reaches Redis: connection reset
         proxy.drop_at(b"EXEC", after=True)   # next EXEC runs on Redis, but its reply is lost
+        proxy.drop_at(b"EXEC", after=True, late=True)  # ...and only when the client sends EXEC again, just before
         proxy.cut(); ...; proxy.restore()    # outage: every connection reset, new ones refused
 """
 
@@ -23,8 +24,10 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
-        self._trigger: tuple[bytes, bool] | None = None
+        self._trigger: tuple[bytes, bool, bool] | None = None
+        self._held: tuple[bytes, socket.socket, bytes] | None = None  # a late command: (pattern, its server, data)
         self.triggered = threading.Event()
+        self.released = threading.Event()  # a held late command was sent on
         self.connections = 0
 
     # ---------------------------------------------------------------- control
@@ -32,15 +35,18 @@ class TcpProxy:
         self._listen()
         return self
 
-    def drop_at(self, command: bytes, *, after: bool, first_arg: bytes | None = None) -> None:
+    def drop_at(self, command: bytes, *, after: bool, first_arg: bytes | None = None, late: bool = False) -> None:
         """One shot: when a client sends ``command`` (e.g. b"EXEC"; with ``first_arg``, only that call of it, e.g.
         one script's EVALSHA), reset that client's connection, forwarding the command to Redis first if ``after``
-        (so it runs but the reply is lost)."""
+        (so it runs but the reply is lost). ``late`` (with ``after``): it reaches Redis, on its own connection, only
+        when a client sends ``command`` again, just before that (a try stuck in the network, landing under the
+        retry that followed its lost reply)."""
         self.triggered.clear()
+        self.released.clear()
         pattern = b"$%d\r\n%s\r\n" % (len(command), command.upper())
         if first_arg is not None:
             pattern += b"$%d\r\n%s\r\n" % (len(first_arg), first_arg.upper())  # matched case-blind
-        self._trigger = (pattern, after)
+        self._trigger = (pattern, after, late)
 
     def cut(self) -> None:
         """Reset every connection and refuse new ones until ``restore()``."""
@@ -100,11 +106,19 @@ class TcpProxy:
                 data = b""
             if not data:
                 break
+            held = self._held
+            if from_client and held is not None and held[0] in data.upper():
+                self._held = None
+                self._send_held(held[1], held[2])
             trigger = self._trigger
             if from_client and trigger is not None and trigger[0] in data.upper():
                 self._trigger = None
-                marker, after = trigger
+                pattern, after, late = trigger
                 _close(src)  # the client sees a reset before any reply can come back
+                if after and late:
+                    self._held = (pattern, dst, data)
+                    self.triggered.set()
+                    return  # its server connection stays open (and its WATCHes with it) until it is sent
                 if after:
                     try:
                         dst.sendall(data)
@@ -119,6 +133,15 @@ class TcpProxy:
                 break
         _close(src)
         _close(dst)
+
+    def _send_held(self, server: socket.socket, data: bytes) -> None:
+        try:
+            server.sendall(data)
+        except OSError:
+            pass
+        time.sleep(0.3)  # let Redis read and execute it before what follows it
+        _close(server)
+        self.released.set()
 
     def __enter__(self) -> TcpProxy:
         return self.start()

@@ -513,10 +513,12 @@ def test_every_finished_job_gets_one_webhook_and_one_mirror_when_redis_refuses_p
 
 
 # ------------------------------------------------------------------ a lost reply: nothing applied twice
-def test_a_failure_whose_reply_is_lost_is_saved_once(rq_setup):
+@pytest.mark.parametrize("late", [False, True], ids=["lost", "lost-and-late"])
+def test_a_failure_whose_reply_is_lost_is_saved_once(rq_setup, late):
     """A failure whose EXEC ran but whose reply was lost was sent again (redis-py's own retry resends an unwatched
     MULTI, then the worker's wait): a retried job queued twice, its retry counted down twice, the worker's failure
-    count doubled, a failed job given two failed Results."""
+    count doubled, a failed job given two failed Results. ``late``: the lost try reaches Redis only under the retry
+    (after its check, before its EXEC): the retry, aborted, was taken for not applied and sent a third time."""
     h = rq_setup
     with _lossy(h.url) as (proxy, conn):
         retried = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0], retry=Retry(max=2))
@@ -526,37 +528,48 @@ def test_a_failure_whose_reply_is_lost_is_saved_once(rq_setup):
         for e in _started(worker, [retried, failed]):
             e.fail(RuntimeError("CUDA error: an illegal memory access was encountered"))
             e.job.ended_at = now()
-            proxy.drop_at(b"HINCRBY", after=True)
+            proxy.drop_at(b"HINCRBY", after=True, late=late)
             outcome.fail(worker, e)
-            assert proxy.triggered.wait(10)
+            assert proxy.triggered.wait(10) and (proxy.released.is_set() or not late)
     assert h.queue.get_job_ids() == [retried.id] and _fetch(h, retried).retries_left == 1
     assert len(_fetch(h, failed).results()) == 1 and _fetch(h, failed).get_status() == JobStatus.FAILED
     assert int(h.conn.hget(worker.key, "failed_job_count")) == 2
     assert h.queue.started_job_registry.get_job_ids() == []
 
 
-@pytest.mark.parametrize("path", ["plain", "slow"])
-def test_a_success_whose_reply_is_lost_is_recorded_once(rq_setup, path):
-    """The batch's MULTI (plain jobs) or RQ's handle_job_success (a job with dependents; RQ sends it again itself on
-    the WatchError redis-py raises for a lost reply) applied, its reply lost: sent again, the job had two Results and
-    two results-stream entries (and, through RQ, its dependent stayed in the ready registry until maintenance)."""
+@pytest.mark.parametrize("late", [False, True], ids=["lost", "lost-and-late"])
+@pytest.mark.parametrize("path", ["plain", "dependents", "repeat"])
+def test_a_success_whose_reply_is_lost_is_recorded_once(rq_setup, path, late):
+    """The batch's MULTI (plain jobs) or RQ's handle_job_success (a job with dependents or repeats; RQ sends it again
+    itself on the WatchError redis-py raises for a lost reply) applied, its reply lost: sent again, the job had two
+    Results and two results-stream entries (and, through RQ, its dependent stayed in the ready registry until
+    maintenance). ``late``: the lost try reaches Redis only under the retry (after its check, before its EXEC): the
+    retry was aborted (plain, dependents) and a third try applied, or (repeat: RQ WATCHes only the dependents) the
+    retry applied too."""
     h = rq_setup
     stream = h.env["TRIAGE_RESULTS_STREAM"]
     with _lossy(h.url) as (proxy, conn):
-        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
-        child = [h.queue.enqueue("worker.rq_jobs.classify", TICKETS[1], depends_on=job)] if path == "slow" else []
+        job = h.queue.enqueue(
+            "worker.rq_jobs.classify", TICKETS[0], repeat=Repeat(times=1) if path == "repeat" else None
+        )
+        child = [h.queue.enqueue("worker.rq_jobs.classify", TICKETS[1], depends_on=job)] if path == "dependents" else []
         h.jobs += [job, *child]
         worker = _in_process(conn, [h.queue.name], h.worker_name)
         entries = _started(worker, [job])
         _classified(entries)
-        proxy.drop_at(b"HINCRBY", after=True)
+        proxy.drop_at(b"HINCRBY", after=True, late=late)
         _succeed(worker, entries, stream)
-        assert proxy.triggered.wait(10)
+        assert proxy.triggered.wait(10) and (proxy.released.is_set() or not late)
     done = _fetch(h, job)
-    assert done.get_status() == JobStatus.FINISHED and len(done.results()) == 1
+    assert len(done.results()) == 1
     assert [f[b"id"].decode() for _, f in h.conn.xrange(stream)] == [job.id]
     assert int(h.conn.hget(worker.key, "successful_job_count")) == 1
-    assert h.queue.get_job_ids() == [c.id for c in child]  # the dependent: queued once, now
+    if path == "repeat":  # queued again once, for its one repeat
+        assert done.get_status() == JobStatus.QUEUED and done.repeats_left == 0
+        assert h.queue.get_job_ids() == [job.id]
+    else:
+        assert done.get_status() == JobStatus.FINISHED
+        assert h.queue.get_job_ids() == [c.id for c in child]  # the dependent: queued once, now
 
 
 def test_a_repeat_survives_redis_refusing_the_repeating_jobs_success(rq_setup):

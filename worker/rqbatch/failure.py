@@ -49,38 +49,47 @@ def record_failure(
     job.retries_left = retries_left
     retrying = retry and job.should_retry
     exc_string = format_exc_info(e.error)
-    execution = e.execution
-    if not landing.settle():
-        with worker.connection.pipeline() as pipe:
-            landing.watch(pipe, *([job.key] if drop else []))
-            if drop and not any(pipe.hmget(job.key, *drop)):
-                return False
-            pipe.multi()
-            if drop:
-                pipe.hdel(job.key, *drop)  # first: the writes after it set fields again
-            if not retrying:
-                job.set_status(JobStatus.FAILED, pipeline=pipe)
-            worker.cleanup_execution(job, pipeline=pipe, execution=execution)
-            if not worker.disable_default_exception_handler and not retrying:
-                job._handle_failure(
-                    exc_string,
-                    pipeline=pipe,
-                    worker_name=worker.name,
-                    execution_id=execution.id if execution else None,
-                    execution_started_at=execution.created_at if execution else None,
-                    execution_ended_at=job.ended_at,
-                )
-            worker.increment_failed_job_count(pipe)
-            if job.started_at and job.ended_at:
-                worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
-            if retrying:
-                job.retry(queue, pipe)
-            pipe.lrem(queue.intermediate_queue_key, 0, job.id)
-            pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
-            landing.execute(pipe)
+    if not landing.settle() and not _saved(worker, e, landing, retrying, exc_string, drop):
+        return False
     e.recorded = True  # from here its webhook may be slow: no more heartbeats for its execution
     if not retrying:
         job.send_webhooks(JobStatus.FAILED, exc_string=exc_string)
         worker._enqueue_dependents_safely(queue, job)
     worker._release_slot_safely(job)
+    return True
+
+
+def _saved(
+    worker: BaseWorker, e: Entry, landing: Landing, retrying: bool, exc_string: str, drop: Collection[bytes]
+) -> bool:
+    """The failure's MULTI/EXEC; False, nothing written, if ``drop``'s fields are gone (another worker failed it)."""
+    job, queue, execution = e.job, e.queue, e.execution
+    with worker.connection.pipeline() as pipe:
+        if landing.watch(pipe, *([job.key] if drop else [])):
+            return True  # an earlier try, whose reply was lost, was applied
+        if drop and not any(pipe.hmget(job.key, *drop)):
+            return False
+        pipe.multi()
+        if drop:
+            pipe.hdel(job.key, *drop)  # first: the writes after it set fields again
+        if not retrying:
+            job.set_status(JobStatus.FAILED, pipeline=pipe)
+        worker.cleanup_execution(job, pipeline=pipe, execution=execution)
+        if not worker.disable_default_exception_handler and not retrying:
+            job._handle_failure(
+                exc_string,
+                pipeline=pipe,
+                worker_name=worker.name,
+                execution_id=execution.id if execution else None,
+                execution_started_at=execution.created_at if execution else None,
+                execution_ended_at=job.ended_at,
+            )
+        worker.increment_failed_job_count(pipe)
+        if job.started_at and job.ended_at:
+            worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        if retrying:
+            job.retry(queue, pipe)
+        pipe.lrem(queue.intermediate_queue_key, 0, job.id)
+        pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
+        landing.execute(pipe)
     return True

@@ -4,10 +4,13 @@ is never applied twice.
 Why: an error reply (OOM, READONLY, BUSY, MISCONF, LOADING...) means Redis applied nothing, but a connection that
 drops or times out after EXEC was sent may have lost the reply of a transaction Redis applied: tried again, a
 failure was saved twice (a retried job queued twice, two failed Results) and a success too (two Results, two
-results-stream entries). Each try writes a fresh token to the worker's landing key inside its MULTI; before the next
-try, the key says whether the last one landed. The transaction also WATCHes that key: redis-py then reports a lost
-reply as a WatchError instead of silently sending the MULTI again (its default retries do, for an unwatched one).
-One key per worker, overwritten by each transaction, expiring a day after the last.
+results-stream entries). Each try writes a fresh token to the worker's landing key inside its MULTI and WATCHes
+that key first; before sending anything, a try reads the key (after its WATCH, on its own connection) for the token
+of any earlier try whose outcome is unknown. An earlier try whose EXEC is still on its way (a slow network, a
+proxy) is not lost track of: arriving after that read it aborts this try (the key changed), and arriving after
+this try it aborts itself (its own WATCH). So at most one try of a write is ever applied. The WATCH also makes
+redis-py report a lost reply as a WatchError instead of silently sending the MULTI again (its default retries do,
+for an unwatched one). One key per worker, overwritten by each transaction, expiring a day after the last.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ TOKEN_TTL_S = 24 * 3600
 
 
 class Landed(Exception):
-    """The last try of a transaction, whose reply was lost, was applied: it is not sent again."""
+    """An earlier try of a transaction, whose reply was lost, was applied: it is not sent again."""
 
 
 class Landing:
@@ -36,34 +39,49 @@ class Landing:
     def __init__(self, worker: BaseWorker):
         self.conn = worker.connection
         self.key = f"{RQ_KEY_PREFIX}:triage:landed:{worker.name}"
-        self.sent: bytes | None = None  # the token of a try whose outcome is unknown
-        self.then: Callable[[], object] | None = None  # what follows that try once it is applied
+        # every try not known to be applied, oldest first, with what follows it once it is: one refused (an error
+        # reply) or aborted (a WATCH) never lands and stays harmlessly; the key can only ever hold an applied one's
+        self.unknown: list[tuple[bytes, Callable[[], object] | None]] = []
         self._only_ours = True  # no other key watched: a WatchError means the connection died
 
-    def settle(self) -> bool:
-        """After a try whose outcome is unknown: True if it was applied (its ``then`` has run). Raises what Redis
-        raises (still unreachable: the caller waits and settles again)."""
-        if self.sent is None:
+    def settle(self, pipe: Pipeline | None = None) -> bool:
+        """True if an earlier try was applied (its ``then`` has run, and no other try of this write can be any more).
+        On ``pipe``, after its WATCH of the key (``watch``, ``watch_late``): an earlier try landing later aborts
+        ``pipe``'s EXEC. Raises what Redis raises (still unreachable: the caller waits and settles again)."""
+        if not self.unknown:
             return False
-        landed = self.conn.get(self.key) == self.sent
-        then, self.sent, self.then = self.then, None, None
-        if landed and then is not None:
-            then()
-        return landed
+        token = pipe.immediate_execute_command("GET", self.key) if pipe is not None else self.conn.get(self.key)
+        for sent, then in self.unknown:
+            if sent == token:
+                self.unknown = []
+                if then is not None:
+                    then()
+                return True
+        return False
 
-    def watch(self, pipe: Pipeline, *keys: str) -> None:
-        """WATCH the landing key (and ``keys``) on ``pipe`` before its MULTI: see the module doc."""
+    def watch(self, pipe: Pipeline, *keys: str) -> bool:
+        """WATCH the landing key (and ``keys``) on ``pipe`` before its MULTI; True if an earlier try was applied
+        (``settle``): then the caller sends nothing."""
         pipe.watch(self.key, *keys)
         self._only_ours = not keys
+        return self.settle(pipe)
+
+    def watch_late(self, pipe: Pipeline) -> bool:
+        """``watch`` for a transaction someone else (RQ) WATCHed and opened already: the WATCH and the read go on its
+        connection at once, before its queued MULTI is sent."""
+        pipe.immediate_execute_command("WATCH", self.key)
+        return self.settle(pipe)
 
     def mark(self, pipe: Pipeline, then: Callable[[], object] | None = None) -> None:
         """This try's token, into ``pipe`` (a MULTI about to be sent): from here its outcome is unknown until
-        ``forget`` (it was not applied, or its caller saw it applied) or ``settle``."""
-        self.sent, self.then = uuid4().hex.encode(), then
-        pipe.set(self.key, self.sent, ex=TOKEN_TTL_S)
+        ``applied`` or ``settle``."""
+        token = uuid4().hex.encode()
+        self.unknown.append((token, then))
+        pipe.set(self.key, token, ex=TOKEN_TTL_S)
 
-    def forget(self) -> None:
-        self.sent = self.then = None
+    def applied(self) -> None:
+        """The try just sent was applied (its caller saw EXEC's reply): no earlier one can be any more."""
+        self.unknown = []
 
     def execute(self, pipe: Pipeline, then: Callable[[], object] | None = None) -> None:
         """EXEC ``pipe`` (watched with ``watch``, then MULTI) with this try's token; ``then()`` once it is applied.
@@ -73,13 +91,10 @@ class Landing:
         self.mark(pipe, then)
         try:
             pipe.execute()
-        except redis.ResponseError:
-            self.forget()
-            raise
         except redis.WatchError as e:
             if self._only_ours:  # only this worker writes the key: the connection died after EXEC was sent
                 raise redis.ConnectionError(f"the reply of EXEC was lost ({e})") from e
             raise
-        self.forget()
+        self.applied()
         if then is not None:
             then()

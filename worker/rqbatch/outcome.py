@@ -119,6 +119,8 @@ def succeed(
         if e.recorded and not e.mirrored:  # a slow one's, or one a refused try recorded but did not mirror
             with worker.connection.pipeline() as pipe:
                 landing.watch(pipe)
+                if e.mirrored:  # by an earlier try, whose reply was lost
+                    continue
                 pipe.multi()
                 _mirror(worker, e, pipe, results_stream, results_maxlen, model)
                 landing.execute(pipe, then=lambda e=e: setattr(e, "mirrored", True))
@@ -131,6 +133,7 @@ def _record_plain(worker: BaseWorker, entries: list[Entry], landing: Landing, *m
     while True:
         with conn.pipeline() as tx:
             landing.watch(tx, *[e.job.dependents_key for e in entries])
+            entries = [e for e in entries if not e.recorded]  # an earlier try, whose reply was lost, recorded some
             with conn.pipeline(transaction=False) as check:  # after WATCH: a dependent added later aborts EXEC
                 for e in entries:
                     check.exists(e.job.dependents_key)
@@ -144,10 +147,9 @@ def _record_plain(worker: BaseWorker, entries: list[Entry], landing: Landing, *m
                 _mirror(worker, e, tx, *mirror_args)
             try:
                 landing.execute(tx, then=functools.partial(_mark_recorded, plain))
-            except redis.WatchError:  # a dependent added, or the connection died after EXEC (redis-py says so)
-                if not landing.settle():
-                    continue  # not applied: again, reading the dependents afresh
-        return [e for e in entries if e not in plain]
+            except redis.WatchError:  # a dependent added, an earlier try landed late, or the reply was lost
+                continue  # again: the next WATCH reads which of them it was
+        return [e for e in entries if not e.recorded]
 
 
 def _mark_recorded(entries: list[Entry]) -> None:
@@ -169,7 +171,7 @@ def _record_slow(worker: BaseWorker, e: Entry, landing: Landing) -> None:
         except Exception:  # noqa: BLE001 - left to RQ's maintenance, as RQ leaves a refused enqueue of them
             worker.log.exception("Worker %s: failed to enqueue the ready dependents of job %s", worker.name, e.job.id)
 
-    worker.slow_landing = (landing, landed)
+    worker.slow_landing = (landing, e, landed)
     try:
         worker.handle_job_success(
             job=e.job, queue=e.queue, started_job_registry=e.queue.started_job_registry, execution=e.execution
@@ -178,7 +180,7 @@ def _record_slow(worker: BaseWorker, e: Entry, landing: Landing) -> None:
         return
     finally:
         worker.slow_landing = None
-    landing.forget()
+    landing.applied()
     e.recorded = True
 
 

@@ -197,7 +197,8 @@ def _record_not_a_hash(
         return True
     where = queue.started_job_registry.key if started else queue.intermediate_queue_key if listed else None
     with worker.connection.pipeline() as pipe:
-        landing.watch(pipe, *([where] if where else []))
+        if landing.watch(pipe, *([where] if where else [])):
+            return True  # an earlier try, whose reply was lost, was applied
         if started and pipe.zscore(where, started) is None or listed and pipe.lpos(where, job.id) is None:
             return False
         pipe.multi()

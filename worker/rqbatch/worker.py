@@ -63,7 +63,7 @@ class BatchWorker(RedisWaits):
         self.tlog = None
         self.allowed_callbacks: frozenset[str] = frozenset()
         self._jobs_left: int | None = None
-        self.slow_landing = None  # (Landing, landed) while RQ's handle_job_success records a batch's job
+        self.slow_landing = None  # (Landing, Entry, landed) while RQ's handle_job_success records a batch's job
 
     # ------------------------------------------------------------ start-up
     def work(self, *args, **kwargs) -> bool:
@@ -190,11 +190,12 @@ class BatchWorker(RedisWaits):
         self.last_cleaned_at = now()
 
     def cleanup_execution(self, job: Job, pipeline, execution=None) -> None:
-        """RQ's. Within RQ's handle_job_success for a batch's job (``outcome._record_slow``), first: was the last
+        """RQ's. Within RQ's handle_job_success for a batch's job (``outcome._record_slow``), first: was an earlier
         try whose reply was lost applied (then ``Landed``, nothing sent again), and this try's token (``landing``)."""
         if self.slow_landing is not None:
-            landing, landed = self.slow_landing
-            if landing.settle():
+            landing, entry, landed = self.slow_landing
+            landing.watch_late(pipeline)
+            if entry.recorded:
                 raise Landed(job.id)
             landing.mark(pipeline, then=landed)
         super().cleanup_execution(job, pipeline, execution)
