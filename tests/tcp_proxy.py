@@ -24,9 +24,9 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
-        self._trigger: tuple[bytes, bool, bool] | None = None
-        self._held: tuple[bytes, socket.socket, bytes] | None = None  # a late command: (pattern, its server, data)
-        self.triggered = threading.Event()
+        self._triggers: list[tuple[bytes, bool, bytes | None]] = []  # armed: (pattern, after, late's release)
+        self._held: tuple[bytes, socket.socket, bytes] | None = None  # a late command: (release, its server, data)
+        self.triggered = threading.Event()  # every armed trigger fired
         self.released = threading.Event()  # a held late command was sent on
         self.connections = 0
 
@@ -35,18 +35,19 @@ class TcpProxy:
         self._listen()
         return self
 
-    def drop_at(self, command: bytes, *, after: bool, first_arg: bytes | None = None, late: bool = False) -> None:
+    def drop_at(
+        self, command: bytes, *, after: bool, first_arg: bytes | None = None, late: bool | bytes = False
+    ) -> None:
         """One shot: when a client sends ``command`` (e.g. b"EXEC"; with ``first_arg``, only that call of it, e.g.
         one script's EVALSHA), reset that client's connection, forwarding the command to Redis first if ``after``
         (so it runs but the reply is lost). ``late`` (with ``after``): it reaches Redis, on its own connection, only
-        when a client sends ``command`` again, just before that (a try stuck in the network, landing under the
-        retry that followed its lost reply)."""
+        when a client sends ``command`` again (or the command ``late`` names), just before that: a try stuck in the
+        network, landing under the retry that followed its lost reply. Armed together, several fire in turn."""
         self.triggered.clear()
         self.released.clear()
-        pattern = b"$%d\r\n%s\r\n" % (len(command), command.upper())
-        if first_arg is not None:
-            pattern += b"$%d\r\n%s\r\n" % (len(first_arg), first_arg.upper())  # matched case-blind
-        self._trigger = (pattern, after, late)
+        release = _pattern(late if isinstance(late, bytes) else command) if late else None
+        with self._lock:
+            self._triggers.append((_pattern(command, first_arg), after, release))
 
     def cut(self) -> None:
         """Reset every connection and refuse new ones until ``restore()``."""
@@ -110,14 +111,13 @@ class TcpProxy:
             if from_client and held is not None and held[0] in data.upper():
                 self._held = None
                 self._send_held(held[1], held[2])
-            trigger = self._trigger
-            if from_client and trigger is not None and trigger[0] in data.upper():
-                self._trigger = None
-                pattern, after, late = trigger
+            trigger = self._fired(data) if from_client else None
+            if trigger is not None:
+                _, after, release = trigger
                 _close(src)  # the client sees a reset before any reply can come back
-                if after and late:
-                    self._held = (pattern, dst, data)
-                    self.triggered.set()
+                if after and release is not None:
+                    self._held = (release, dst, data)
+                    self._fire_done()
                     return  # its server connection stays open (and its WATCHes with it) until it is sent
                 if after:
                     try:
@@ -125,7 +125,7 @@ class TcpProxy:
                     except OSError:
                         pass
                     time.sleep(0.3)  # let Redis read and execute it before the connection goes
-                self.triggered.set()
+                self._fire_done()
                 break
             try:
                 dst.sendall(data)
@@ -133,6 +133,20 @@ class TcpProxy:
                 break
         _close(src)
         _close(dst)
+
+    def _fired(self, data: bytes) -> tuple[bytes, bool, bytes | None] | None:
+        upper = data.upper()
+        with self._lock:
+            for trigger in self._triggers:
+                if trigger[0] in upper:
+                    self._triggers.remove(trigger)
+                    return trigger
+        return None
+
+    def _fire_done(self) -> None:
+        with self._lock:
+            if not self._triggers:
+                self.triggered.set()
 
     def _send_held(self, server: socket.socket, data: bytes) -> None:
         try:
@@ -148,6 +162,14 @@ class TcpProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _pattern(command: bytes, first_arg: bytes | None = None) -> bytes:
+    """How ``command`` (and its first argument) look on the wire, matched case-blind."""
+    pattern = b"$%d\r\n%s\r\n" % (len(command), command.upper())
+    if first_arg is not None:
+        pattern += b"$%d\r\n%s\r\n" % (len(first_arg), first_arg.upper())
+    return pattern
 
 
 def _close(s: socket.socket) -> None:

@@ -572,6 +572,49 @@ def test_a_success_whose_reply_is_lost_is_recorded_once(rq_setup, path, late):
         assert h.queue.get_job_ids() == [c.id for c in child]  # the dependent: queued once, now
 
 
+def test_a_success_whose_reply_is_lost_and_whose_check_is_cut_too_is_waited_out(rq_setup):
+    """After a lost reply, the retry's WATCHed read of the landing key lost its connection too: redis-py said so with
+    a WatchError, which is no refusal that passes by itself, so it escaped the wait and the batch (RQ quit with the
+    jobs STARTED: their failure callbacks ran again once RQ found them abandoned). It is waited out now, and the
+    success found applied."""
+    h = rq_setup
+    stream = h.env["TRIAGE_RESULTS_STREAM"]
+    with _lossy(h.url) as (proxy, conn):
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        h.jobs.append(job)
+        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        entries = _started(worker, [job])
+        _classified(entries)
+        proxy.drop_at(b"HINCRBY", after=True)  # applied, its reply lost
+        proxy.drop_at(b"GET", after=False, first_arg=Landing(worker).key.encode())  # the retry's check, WATCHed
+        _succeed(worker, entries, stream)
+        assert proxy.triggered.wait(10)
+    done = _fetch(h, job)
+    assert done.get_status() == JobStatus.FINISHED and len(done.results()) == 1
+    assert [f[b"id"].decode() for _, f in h.conn.xrange(stream)] == [job.id]
+    assert h.queue.started_job_registry.get_job_ids() == []
+
+
+def test_an_unreadable_jobs_failure_landing_late_under_the_retrys_read_is_followed_up(rq_setup):
+    """A failure that removes a job's unreadable fields, its reply lost, reached Redis only as the retry read whether
+    the fields were still there: the retry had checked the landing key first, found the fields gone and took it for
+    another worker's failure, so this one's follow-ups (its failed webhook, dependents, rate-limit slot) never ran.
+    The landing key is read after the job's fields now."""
+    with _webhook_endpoint() as (url, got), _lossy(rq_setup.url) as (proxy, conn):
+        h = rq_setup
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0], webhooks=[Webhook(url, "failed", method="POST")])
+        h.jobs.append(job)
+        _corrupt(h, job)
+        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
+        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        proxy.drop_at(b"HINCRBY", after=True, late=b"HMGET")
+        unreadable.fail_listed(worker, worker.queues[0])
+        assert proxy.triggered.wait(10) and proxy.released.is_set()
+    _assert_failed_unreadable(h, job, h.queue)
+    assert len(_fetch(h, job).results()) == 1
+    assert got == [(job.id, "failed")]
+
+
 def test_a_repeat_survives_redis_refusing_the_repeating_jobs_success(rq_setup):
     """RQ's Repeat.schedule counts the repeats down in memory before EXEC: the refused try left none, the next one
     recorded the job as a plain success, FINISHED, and it never ran again."""

@@ -110,6 +110,19 @@ def test_two_workers_failing_the_same_job_key_that_is_not_a_hash_save_one_failur
         _assert_failed_not_a_hash(h, job, h.queue)  # one failed Result
 
 
+def test_a_job_key_that_is_not_a_hash_failed_by_another_worker_first_is_done_with(rq_setup):
+    """The second worker to meet it (its dequeue: RQ raised WRONGTYPE) found it gone from where it met it: that was
+    answered "it reads", so the dequeue raised RQ's error again and the worker's loop quit."""
+    with _private_server(rq_setup) as h:
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        _not_a_hash(h, job)
+        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
+        first, second = (_in_process(h.conn, [h.queue.name], f"{h.worker_name}-{i}") for i in range(2))
+        assert unreadable.fail_if_unreadable(first, job.id, first.queues[0], listed=True)
+        assert unreadable.fail_if_unreadable(second, job.id, second.queues[0], listed=True)
+        _assert_failed_not_a_hash(h, job, h.queue)  # one failed Result
+
+
 def test_an_ended_job_left_in_the_started_registry_is_not_failed_for_being_unreadable(rq_setup):
     """A finished job whose hash turned unreadable, its started-registry entry left behind: RQ's cleanup skips such
     leftovers (it only fails STARTED jobs) but fetched it first and raised. The entry is removed; the job stays

@@ -65,9 +65,11 @@ def _saved(
     """The failure's MULTI/EXEC; False, nothing written, if ``drop``'s fields are gone (another worker failed it)."""
     job, queue, execution = e.job, e.queue, e.execution
     with worker.connection.pipeline() as pipe:
-        if landing.watch(pipe, *([job.key] if drop else [])):
-            return True  # an earlier try, whose reply was lost, was applied
-        if drop and not any(pipe.hmget(job.key, *drop)):
+        landing.watch(pipe, *([job.key] if drop else []))
+        gone = drop and not any(pipe.hmget(job.key, *drop))
+        if landing.settle(pipe):  # read last: an earlier try (whose reply was lost) that removed them is seen
+            return True
+        if gone:
             return False
         pipe.multi()
         if drop:

@@ -46,11 +46,15 @@ class Landing:
 
     def settle(self, pipe: Pipeline | None = None) -> bool:
         """True if an earlier try was applied (its ``then`` has run, and no other try of this write can be any more).
-        On ``pipe``, after its WATCH of the key (``watch``, ``watch_late``): an earlier try landing later aborts
-        ``pipe``'s EXEC. Raises what Redis raises (still unreachable: the caller waits and settles again)."""
+        On ``pipe``, after its WATCH of the key (``watch``) and its other reads: an earlier try landing later aborts
+        ``pipe``'s EXEC, and one landing before a read is seen here. Raises what Redis raises (still unreachable: the
+        caller waits and settles again)."""
         if not self.unknown:
             return False
-        token = pipe.immediate_execute_command("GET", self.key) if pipe is not None else self.conn.get(self.key)
+        try:
+            token = pipe.immediate_execute_command("GET", self.key) if pipe is not None else self.conn.get(self.key)
+        except redis.WatchError as e:  # redis-py's word for a connection lost while watching: not a conflict
+            raise redis.ConnectionError(f"the connection was lost ({e})") from e
         for sent, then in self.unknown:
             if sent == token:
                 self.unknown = []
@@ -59,16 +63,15 @@ class Landing:
                 return True
         return False
 
-    def watch(self, pipe: Pipeline, *keys: str) -> bool:
-        """WATCH the landing key (and ``keys``) on ``pipe`` before its MULTI; True if an earlier try was applied
-        (``settle``): then the caller sends nothing."""
+    def watch(self, pipe: Pipeline, *keys: str) -> None:
+        """WATCH the landing key (and ``keys``) on ``pipe`` before its MULTI; then the caller's reads, then
+        ``settle(pipe)`` (True: an earlier try was applied, send nothing)."""
         pipe.watch(self.key, *keys)
         self._only_ours = not keys
-        return self.settle(pipe)
 
     def watch_late(self, pipe: Pipeline) -> bool:
-        """``watch`` for a transaction someone else (RQ) WATCHed and opened already: the WATCH and the read go on its
-        connection at once, before its queued MULTI is sent."""
+        """``watch`` and ``settle`` for a transaction someone else (RQ) WATCHed and opened already: the WATCH and the
+        read go on its connection at once, before its queued MULTI is sent."""
         pipe.immediate_execute_command("WATCH", self.key)
         return self.settle(pipe)
 

@@ -119,6 +119,7 @@ def succeed(
         if e.recorded and not e.mirrored:  # a slow one's, or one a refused try recorded but did not mirror
             with worker.connection.pipeline() as pipe:
                 landing.watch(pipe)
+                landing.settle(pipe)
                 if e.mirrored:  # by an earlier try, whose reply was lost
                     continue
                 pipe.multi()
@@ -133,6 +134,7 @@ def _record_plain(worker: BaseWorker, entries: list[Entry], landing: Landing, *m
     while True:
         with conn.pipeline() as tx:
             landing.watch(tx, *[e.job.dependents_key for e in entries])
+            landing.settle(tx)
             entries = [e for e in entries if not e.recorded]  # an earlier try, whose reply was lost, recorded some
             with conn.pipeline(transaction=False) as check:  # after WATCH: a dependent added later aborts EXEC
                 for e in entries:

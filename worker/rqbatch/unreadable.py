@@ -100,7 +100,8 @@ def fail_if_unreadable(
     if raw is None:
         raw = worker.until_written(lambda: job_hashes(worker, [job_id])[0], op="rq_fill")
     if not_a_hash(raw):
-        return _fail_not_a_hash(worker, job, queue, listed=listed, started=started)
+        _fail_not_a_hash(worker, job, queue, listed=listed, started=started)
+        return True
     try:
         bad = unreadable_fields(job, raw) if raw else {}
     except NoSuchJobError:
@@ -168,9 +169,9 @@ def _abandoned(started: str | None) -> dict:
     return {"abandoned": True} if started else {}
 
 
-def _fail_not_a_hash(worker: BaseWorker, job: Job, queue: Queue, *, listed: bool, started: str | None) -> bool:
-    """Fail ``job``, whose key is not a hash (see the module doc); True, or False if it is no longer where it was met
-    (another worker failed it)."""
+def _fail_not_a_hash(worker: BaseWorker, job: Job, queue: Queue, *, listed: bool, started: str | None) -> None:
+    """Fail ``job``, whose key is not a hash (see the module doc), unless it is no longer where it was met (another
+    worker failed it: before, False here made the dequeue raise RQ's error again, and the worker quit)."""
     key_type = worker.until_written(lambda: worker.connection.type(job.key), op="rq_fail").decode()
     log.error("rq_job_unreadable", job_id=job.id, queue=queue.name, key_type=key_type, **_abandoned(started))
     job.origin = queue.name
@@ -181,9 +182,10 @@ def _fail_not_a_hash(worker: BaseWorker, job: Job, queue: Queue, *, listed: bool
     exc_string, landing = format_exc_info((InvalidJob, error, None)), Landing(worker)
     while True:
         try:
-            return worker.until_written(
+            worker.until_written(
                 lambda: _record_not_a_hash(worker, job, queue, exc_string, landing, listed, started), op="rq_fail"
             )
+            return
         except redis.WatchError:  # where it was met changed (another worker failing it?): look again
             continue
 
@@ -197,9 +199,11 @@ def _record_not_a_hash(
         return True
     where = queue.started_job_registry.key if started else queue.intermediate_queue_key if listed else None
     with worker.connection.pipeline() as pipe:
-        if landing.watch(pipe, *([where] if where else [])):
-            return True  # an earlier try, whose reply was lost, was applied
-        if started and pipe.zscore(where, started) is None or listed and pipe.lpos(where, job.id) is None:
+        landing.watch(pipe, *([where] if where else []))
+        gone = started and pipe.zscore(where, started) is None or listed and pipe.lpos(where, job.id) is None
+        if landing.settle(pipe):  # read last: an earlier try (whose reply was lost) that moved it is seen
+            return True
+        if gone:
             return False
         pipe.multi()
         pipe.zadd(queue.failed_job_registry.key, {job.id: current_timestamp() + DEFAULT_FAILURE_TTL})
