@@ -615,6 +615,22 @@ def test_an_unreadable_jobs_failure_landing_late_under_the_retrys_read_is_follow
     assert got == [(job.id, "failed")]
 
 
+def test_a_job_queued_twice_by_a_resent_enqueue_runs_once(rq_setup):
+    """redis-py's default ``Redis()`` (which docs/rq.md used) sends an enqueue's MULTI again when its reply is lost:
+    the job's id was queued twice, and the batch started, ran and recorded the job twice (two Results, two
+    results-stream entries)."""
+    h = rq_setup
+    job, other = (h.queue.enqueue("worker.rq_jobs.classify", t) for t in TICKETS[:2])
+    h.jobs += [job, other]
+    h.conn.rpush(h.queue.key, job.id)  # what the enqueue sent again left
+    _run_to_exit(h)
+    _assert_labelled(h, [job, other])
+    assert len(_fetch(h, job).results()) == 1 and h.conn.llen(h.queue.intermediate_queue_key) == 0
+    mirrored = [f[b"id"].decode() for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])]
+    assert sorted(mirrored) == sorted([job.id, other.id])
+    assert [e["job_id"] for e in _log_events(h, "rq_job_queued_twice")] == [job.id]
+
+
 def test_a_repeat_survives_redis_refusing_the_repeating_jobs_success(rq_setup):
     """RQ's Repeat.schedule counts the repeats down in memory before EXEC: the refused try left none, the next one
     recorded the job as a plain success, FINISHED, and it never ran again."""

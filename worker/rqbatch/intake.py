@@ -139,13 +139,13 @@ def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wai
         try:
             got = drain(worker, min(want, limit - len(batch)))
         except FillRefused as refused:
-            batch.extend(refused.jobs)
+            _add_new(worker, batch, refused.jobs)
             worker.tlog.warning(
                 "redis_unavailable", op="rq_fill", error=str(refused), batch=len(batch), note="the batch goes on"
             )
             return
         if got:
-            batch.extend(got)
+            _add_new(worker, batch, got)
             want = limit  # jobs are arriving: take all there are
             continue
         left = deadline - time.monotonic()
@@ -153,3 +153,16 @@ def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wai
             return
         time.sleep(min(left, POLL_S))
         want = 1  # the queue was empty: poll it with a single pop
+
+
+def _add_new(worker: BaseWorker, batch: list[tuple[Job, Queue]], got: list[tuple[Job, Queue]]) -> None:
+    """``got`` onto ``batch``, less the jobs in it already: an id queued twice (an enqueue whose reply was lost, sent
+    again by a client with retries, as redis-py's default ``Redis()`` is) was started, run and recorded twice. Its
+    extra copies leave the intermediate list with its start (LREM of every copy)."""
+    seen = {job.id for job, _ in batch}
+    for job, queue in got:
+        if job.id in seen:
+            worker.tlog.warning("rq_job_queued_twice", job_id=job.id, queue=queue.name, note="run once")
+            continue
+        seen.add(job.id)
+        batch.append((job, queue))
