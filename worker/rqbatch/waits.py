@@ -129,8 +129,7 @@ class RedisWaits(BaseWorker):
         try:
             while not stop.is_set():
                 try:
-                    if wait.backoff is None or not self._birth_landed():
-                        super().register_birth()
+                    self._register_once(first=wait.backoff is None)
                 except Exception as e:  # noqa: BLE001 - failed() raises what does not pass by itself
                     wait.failed(e, stop)
                     continue
@@ -142,6 +141,17 @@ class RedisWaits(BaseWorker):
             undo()
         self.handle_warm_shutdown_request()
         raise StopBeforeStart
+
+    def _register_once(self, first: bool) -> None:
+        """RQ's register_birth, unless an earlier try whose reply was lost was applied: seen before RQ's check, or
+        (reaching Redis late) by it, whose "There exists an active worker named ..." is then this worker's own."""
+        if not first and self._birth_landed():
+            return
+        try:
+            super().register_birth()
+        except ValueError:
+            if first or not self._birth_landed():
+                raise
 
     def _birth_landed(self) -> bool:
         if self.birth_date is None:
