@@ -27,7 +27,7 @@ COPY producer ./producer
 # The project without its dependencies (no torch, transformers, numpy), then only what `producer` imports;
 # versions as in pyproject.toml (tests/unit/test_compose.py checks both, and runs the producer with torch blocked).
 RUN pip install -c constraints.txt --no-deps . \
- && pip install -c constraints.txt "redis>=5.0" "rq>=3.0,<4" "pydantic-settings>=2.3" \
+ && pip install -c constraints.txt "redis>=5.0.1" "rq>=3.0,<4" "pydantic-settings>=2.3" \
                                    "structlog>=24.1" "pyyaml>=6.0" "tqdm>=4.66"
 USER triage
 CMD ["triage-producer", "--help"]

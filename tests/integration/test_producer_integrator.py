@@ -231,7 +231,17 @@ def test_ctrl_c_during_a_blocked_send_writes_the_ids_of_what_went(cli_env, r, tm
         TRIAGE_BACKPRESSURE_TIMEOUT_S="300",
     )
     argv = [sys.executable, "-m", "producer", "send", str(tickets), "--ids-out", str(ids)]
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal leaves it: a shell running the suite in the background (no job control) hands its
+    # children SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
     def waiting_for_room() -> bool:  # both chunks in and their replies read: it is back to checking the backlog
         conns = [c for c in r.client_list() if c.get("name") == name]
