@@ -28,6 +28,7 @@ class TcpProxy:
         self._held: tuple[bytes, socket.socket, bytes] | None = None  # a late command: (release, its server, data)
         self.triggered = threading.Event()  # every armed trigger fired
         self.released = threading.Event()  # a held late command was sent on
+        self._muted: dict[socket.socket, threading.Event] = {}  # server -> set when its reply came (and was dropped)
         self.connections = 0
 
     # ---------------------------------------------------------------- control
@@ -111,20 +112,25 @@ class TcpProxy:
             if from_client and held is not None and held[0] in data.upper():
                 self._held = None
                 self._send_held(held[1], held[2])
+            if not from_client and src in self._muted:  # the reply to a command run "after": never delivered
+                self._muted.pop(src).set()
+                break
             trigger = self._fired(data) if from_client else None
             if trigger is not None:
                 _, after, release = trigger
-                _close(src)  # the client sees a reset before any reply can come back
                 if after and release is not None:
+                    _close(src)  # the client sees a reset
                     self._held = (release, dst, data)
                     self._fire_done()
                     return  # its server connection stays open (and its WATCHes with it) until it is sent
-                if after:
+                if after:  # it runs, and its reply is dropped, before the client sees a reset: in that order
+                    replied = self._muted.setdefault(dst, threading.Event())
                     try:
                         dst.sendall(data)
                     except OSError:
                         pass
-                    time.sleep(0.3)  # let Redis read and execute it before the connection goes
+                    replied.wait(5)
+                _close(src)
                 self._fire_done()
                 break
             try:

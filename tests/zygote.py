@@ -213,6 +213,7 @@ class Zygote:
                     self.ready = True
                 elif "spawned" in msg:
                     self.spawned[msg["spawned"]] = msg["pid"]
+                    self.codes.pop(msg["pid"], None)  # an earlier child's, its pid reused: not this one's code
                 elif "exited" in msg:
                     self.codes[msg["exited"]] = msg["code"]
                 self.cond.notify_all()

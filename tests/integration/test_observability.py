@@ -113,12 +113,17 @@ def written_by(r, env, consumer: str) -> tuple[list[dict], list[dict]]:
     return results, dead
 
 
-def scrape_settled(port: int, n_settled: int, timeout_s: float = 30) -> dict:
-    """Scrape until the worker has observed ``n_settled`` entries (metrics are recorded just after the write)."""
+def scrape_settled(port: int, n_settled: int, w, timeout_s: float = 30) -> dict:
+    """Scrape until the worker has observed ``n_settled`` entries (recorded just after the write) and counted as many
+    windows as its ``window`` log lines read so far say (recorded after the window, logged after that, and read
+    from its stderr by a thread of this process)."""
     deadline = time.monotonic() + timeout_s
     while True:
         m = scrape(port)
-        if m.get(("triage_request_count_total", ())) == n_settled or time.monotonic() > deadline:
+        settled = m.get(("triage_request_count_total", ())) == n_settled
+        if settled and m.get(("triage_window_size_count", ())) == len(w.events("window")):
+            return m
+        if time.monotonic() > deadline:
             return m
         time.sleep(0.2)
 
@@ -127,8 +132,8 @@ def test_metrics_endpoint_counts_what_each_worker_wrote(group, r):
     total_ok = 0
     for consumer, port in group.ports.items():
         results, dead = written_by(r, group.env, consumer)
-        m = scrape_settled(port, len(results) + len(dead))
         w = group.workers[consumer]
+        m = scrape_settled(port, len(results) + len(dead), w)
         total_ok += len(results)
         assert m[("triage_request_count_total", ())] == len(results) + len(dead)
         assert m[("triage_request_success_total", ())] == len(results)
