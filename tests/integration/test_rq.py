@@ -526,6 +526,7 @@ def test_started_batch_is_visible_to_rq_and_kept_alive_by_heartbeats(rq_setup):
     from worker.rqbatch import BatchWorker, intake, outcome
     from worker.rqbatch.heartbeat import BatchHeartbeat
     from worker.rqbatch.jobs import Entry
+    from worker.rqbatch.landing import Landing
 
     h, q = rq_setup, rq_setup.queue
     h.jobs += enqueue_tickets(q, TICKETS[:3])
@@ -533,7 +534,7 @@ def test_started_batch_is_visible_to_rq_and_kept_alive_by_heartbeats(rq_setup):
     w.register_birth()
     entries = [Entry(job=j, queue=jq) for j, jq in intake.drain(w, limit=2)]  # takes 2, leaves 1 queued
     assert [e.job.id for e in entries] == [j.id for j in h.jobs[:2]] and q.count == 1
-    outcome.start(w, entries, ttl=5)
+    outcome.start(w, entries, 5, Landing(w))
     assert set(q.started_job_registry.get_job_ids()) == {e.job.id for e in entries}
     assert h.conn.llen(q.intermediate_queue_key) == 0
     assert all(
@@ -552,6 +553,7 @@ def test_with_several_queues_every_job_taken_waits_in_its_queues_intermediate_li
     RQ's maintenance finds them; the start takes them out."""
     from worker.rqbatch import intake, outcome
     from worker.rqbatch.jobs import Entry
+    from worker.rqbatch.landing import Landing
 
     h, q = rq_setup, rq_setup.queue
     q2 = Queue(q.name + "-2", connection=h.conn, serializer=JSONSerializer)
@@ -569,7 +571,7 @@ def test_with_several_queues_every_job_taken_waits_in_its_queues_intermediate_li
         assert unreadable.id in q2.failed_job_registry.get_job_ids()  # test_rq_faults.py: its reason
         # and not the unreadable one: RQ's intermediate-queue cleanup would raise on it, every maintenance run
         assert set(x.decode() for x in h.conn.lrange(q2.intermediate_queue_key, 0, -1)) == held
-        outcome.start(w, [Entry(job=j, queue=jq) for j, jq in batch], ttl=5)
+        outcome.start(w, [Entry(job=j, queue=jq) for j, jq in batch], 5, Landing(w))
         assert h.conn.llen(q2.intermediate_queue_key) == 0
         assert set(q2.started_job_registry.get_job_ids()) == held
     finally:

@@ -121,7 +121,7 @@ def _started(worker: BatchWorker, jobs) -> list[Entry]:
     for job in jobs:
         assert conn.lmove(queue.key, queue.intermediate_queue_key).decode() == job.id
     entries = [Entry(job=Job.fetch(j.id, connection=conn, serializer=JSONSerializer), queue=queue) for j in jobs]
-    outcome.start(worker, entries, ttl=90)
+    outcome.start(worker, entries, 90, Landing(worker))
     return entries
 
 
@@ -613,6 +613,31 @@ def test_an_unreadable_jobs_failure_landing_late_under_the_retrys_read_is_follow
     _assert_failed_unreadable(h, job, h.queue)
     assert len(_fetch(h, job).results()) == 1
     assert got == [(job.id, "failed")]
+
+
+def test_a_start_whose_reply_is_lost_and_that_lands_after_the_success_starts_nothing(rq_setup):
+    """The batch's start, its reply lost, reached Redis only after the retry had started the jobs and their success
+    was recorded: it set the job STARTED again and put its first execution back in the started registry, where RQ's
+    cleanup failed the finished job as abandoned once that expired."""
+    h = rq_setup
+    stream = h.env["TRIAGE_RESULTS_STREAM"]
+    with _lossy(h.url) as (proxy, conn):
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        h.jobs.append(job)
+        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        assert conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
+        entries = [Entry(job=Job.fetch(job.id, connection=conn, serializer=JSONSerializer), queue=worker.queues[0])]
+        proxy.drop_at(b"PERSIST", after=True, late=b"ECHO")  # the start's MULTI, held until the test's ECHO
+        landing = Landing(worker)
+        worker.until_written(lambda: outcome.start(worker, entries, 90, landing), op="rq_start")
+        _classified(entries)
+        _succeed(worker, entries, stream)
+        conn.echo("the lost start arrives")
+        assert proxy.triggered.wait(10) and proxy.released.wait(10)
+    done = _fetch(h, job)
+    assert done.get_status() == JobStatus.FINISHED and len(done.results()) == 1
+    assert h.queue.started_job_registry.get_job_ids() == []
+    assert [f[b"id"].decode() for _, f in h.conn.xrange(stream)] == [job.id]
 
 
 def test_a_job_queued_twice_by_a_resent_enqueue_runs_once(rq_setup):

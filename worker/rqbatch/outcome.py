@@ -45,20 +45,25 @@ if TYPE_CHECKING:
     from rq.worker import BaseWorker
 
 
-def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
+def start(worker: BaseWorker, entries: list[Entry], ttl: int, landing: Landing) -> None:
     """Mark every job STARTED with its own Execution, as RQ does right before running a job.
 
-    Safe to call again after Redis refused it (``RedisWaits.until_written``): a refused MULTI/EXEC applies nothing,
-    a try whose reply was lost may have; each try first removes the Executions of the one before, and a job's
-    Execution joins ``worker.executions`` only once its start is written. A job leaving its intermediate list also
-    loses RQ's first sighting of it there: kept (24 h), a retried job listed again was failed as "stuck" at once."""
+    Safe to call again after Redis refused it (``RedisWaits.until_written``), with the same ``landing``: a refused
+    MULTI/EXEC applies nothing, and of the tries whose replies were lost at most one is applied, even one reaching
+    Redis late (after the success: it set the job STARTED again, its execution back in the started registry, and
+    the job was failed as abandoned once that expired). The applied try's Executions are the jobs' (and
+    ``worker.executions``). A job leaving its intermediate list also loses RQ's first sighting of it there: kept
+    (24 h), a retried job listed again was failed as "stuck" at once."""
     drop_intermediate = uses_intermediate_queue(worker)
     with worker.connection.pipeline() as pipe:
+        landing.watch(pipe)
+        if landing.settle(pipe):
+            return
+        pipe.multi()
         worker.heartbeat(max(ttl, worker.worker_ttl + 60), pipeline=pipe)
+        executions = []
         for e in entries:
-            if e.execution is not None:  # an earlier try's
-                e.execution.delete(job=e.job, pipeline=pipe)
-            e.execution = Execution.create(e.job, ttl, pipeline=pipe, worker_name=worker.name)
+            executions.append(Execution.create(e.job, ttl, pipeline=pipe, worker_name=worker.name))
             e.job.heartbeat(now(), ttl, pipeline=pipe)
             e.job.prepare_for_execution(worker.name, pipeline=pipe)
             pipe.persist(e.job.key)
@@ -66,9 +71,13 @@ def start(worker: BaseWorker, entries: list[Entry], ttl: int) -> None:
                 pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
                 pipe.delete(e.queue.intermediate_queue.get_first_seen_key(e.job.id))
         worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
-        pipe.execute()
-    for e in entries:
-        worker.executions[e.execution.id] = e.execution
+        landing.execute(pipe, then=functools.partial(_started, worker, entries, executions))
+
+
+def _started(worker: BaseWorker, entries: list[Entry], executions: list[Execution]) -> None:
+    for e, execution in zip(entries, executions):
+        e.execution = execution
+        worker.executions[execution.id] = execution
 
 
 def run_callbacks(worker: BaseWorker, entries: list[Entry]) -> None:

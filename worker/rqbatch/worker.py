@@ -236,7 +236,8 @@ class BatchWorker(RedisWaits):
             outcome.fail_unstarted(self, refused)
         else:
             ttl = self.get_heartbeat_ttl(accepted[0].job)
-            self.until_written(lambda: outcome.start(self, accepted, ttl), op="rq_start")
+            begun = Landing(self)
+            self.until_written(lambda: outcome.start(self, accepted, ttl, begun), op="rq_start")
             # until every job is recorded: finished jobs' webhooks (up to 10 s each to an endpoint that does not
             # answer) must not let the failed ones' executions expire, or any worker's registry cleanup would fail
             # them a second time; its beats show a stop requested mid-pass
