@@ -148,11 +148,13 @@ def test_a_warm_stop_while_the_start_waits_for_redis_exits_0_and_leaves_the_jobs
         assert "Traceback" not in h.log.read_text()
 
 
-@pytest.mark.parametrize("late", [False, True], ids=["lost", "lost-and-late"])
+@pytest.mark.parametrize("late", ["no", "yes", "after-a-second-try"], ids=["lost", "lost-and-late", "two-lost"])
 def test_a_registration_whose_reply_was_lost_is_not_taken_for_another_live_worker(rq_setup, late):
     """A registration that Redis applied but whose reply was lost (redis-py's own retries used up): tried again, RQ's
     check found the worker's own fresh key and raised "There exists an active worker named ... already".
-    ``late``: the lost try reached Redis only as RQ's check of the retry ran (after the worker's own look)."""
+    ``late``: the lost try reached Redis only as RQ's check of the retry ran (after the worker's own look);
+    ``after-a-second-try``: only under a third try, a second one lost too (each try has its own birth date: the
+    worker looked for the last one's)."""
     h = rq_setup
     kw = h.conn.connection_pool.connection_kwargs
     with TcpProxy(kw.get("host", "127.0.0.1"), kw.get("port", 6379)) as proxy:
@@ -160,9 +162,14 @@ def test_a_registration_whose_reply_was_lost_is_not_taken_for_another_live_worke
             port=proxy.port, db=kw.get("db", 0), password=kw.get("password"), retry=Retry(NoBackoff(), 0)
         )
         worker = _in_process(conn, [h.queue.name], h.worker_name)
-        proxy.drop_at(b"SADD", after=True, late=b"EXISTS" if late else False)  # the registration's MULTI
+        # the registration's MULTI: it runs, its reply is lost (held until a later try's check, if late)
+        proxy.drop_at(
+            b"SADD", after=True, late=b"EXISTS" if late != "no" else False, late_skip=int(late == "after-a-second-try")
+        )
+        if late == "after-a-second-try":
+            proxy.drop_at(b"SADD", after=False)  # the second try's: it never reaches Redis
         worker.register_birth()
-        assert proxy.triggered.wait(10) and (proxy.released.is_set() or not late)
+        assert proxy.triggered.wait(10) and (proxy.released.is_set() or late == "no")
     assert h.conn.sismember("rq:workers", worker.key) and not h.conn.hexists(worker.key, "death")
 
 

@@ -26,6 +26,7 @@ import functools
 import signal
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import TypeVar
 
 from rq.utils import utcformat
@@ -122,14 +123,15 @@ class RedisWaits(BaseWorker):
     def register_birth(self) -> None:
         """RQ's, tried again while Redis refuses it (see the module doc); raises StopBeforeStart on a warm stop. A try
         whose reply was lost may have registered the worker: RQ's own check would take that for another live worker
-        of this name (exit 1), so its birth date is looked for first."""
+        of this name (exit 1), so the birth dates of earlier tries are looked for first."""
         stop = threading.Event()
         undo = _stop_signals_set(stop)
         wait = RedisWait(self, "rq_birth")
+        tried: dict[bytes, datetime] = {}  # the birth date of each try that sent its transaction, as RQ writes it
         try:
             while not stop.is_set():
                 try:
-                    self._register_once(first=wait.backoff is None)
+                    self._register_once(tried)
                 except Exception as e:  # noqa: BLE001 - failed() raises what does not pass by itself
                     wait.failed(e, stop)
                     continue
@@ -142,22 +144,27 @@ class RedisWaits(BaseWorker):
         self.handle_warm_shutdown_request()
         raise StopBeforeStart
 
-    def _register_once(self, first: bool) -> None:
-        """RQ's register_birth, unless an earlier try whose reply was lost was applied: seen before RQ's check, or
-        (reaching Redis late) by it, whose "There exists an active worker named ..." is then this worker's own."""
-        if not first and self._birth_landed():
+    def _register_once(self, tried: dict[bytes, datetime]) -> None:
+        """RQ's register_birth, unless an earlier try whose reply was lost was applied (any of them: each has its own
+        birth date): seen before RQ's check, or (reaching Redis late) by it, whose "There exists an active worker
+        named ..." is then this worker's own."""
+        if tried and self._birth_landed(tried):
             return
         try:
             super().register_birth()
         except ValueError:
-            if first or not self._birth_landed():
+            if not tried or not self._birth_landed(tried):
                 raise
+        finally:
+            if self.birth_date is not None:  # set by RQ right before its transaction
+                tried[utcformat(self.birth_date).encode()] = self.birth_date
 
-    def _birth_landed(self) -> bool:
-        if self.birth_date is None:
-            return False
+    def _birth_landed(self, tried: dict[bytes, datetime]) -> bool:
         birth, death = self.connection.hmget(self.key, "birth", "death")
-        return death is None and birth == utcformat(self.birth_date).encode()
+        if death is not None or birth not in tried:
+            return False
+        self.birth_date = tried[birth]
+        return True
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """RQ's, tried again after a refusal RQ's loop does not retry: it raised before a job was taken (a job RQ
