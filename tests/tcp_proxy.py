@@ -133,12 +133,7 @@ class TcpProxy:
                     self._fire_done()
                     return  # its server connection stays open (and its WATCHes with it) until it is sent
                 if after:  # it runs, and its reply is dropped, before the client sees a reset: in that order
-                    replied = self._muted.setdefault(dst, threading.Event())
-                    try:
-                        dst.sendall(data)
-                    except OSError:
-                        pass
-                    replied.wait(5)
+                    self._run_muted(dst, data)
                 _close(src)
                 self._fire_done()
                 break
@@ -175,15 +170,18 @@ class TcpProxy:
             if not self._triggers:
                 self.triggered.set()
 
-    def _send_held(self, server: socket.socket, data: bytes) -> None:
-        """Send the held command on its own connection and wait for Redis' reply (dropped): it has run before the
-        command that released it is forwarded."""
+    def _run_muted(self, server: socket.socket, data: bytes) -> None:
+        """Send ``data`` to Redis on ``server`` and wait for its reply, which the server's pump drops: it has run."""
         replied = self._muted.setdefault(server, threading.Event())
         try:
             server.sendall(data)
         except OSError:
             pass
         replied.wait(5)
+
+    def _send_held(self, server: socket.socket, data: bytes) -> None:
+        """The held command, run on its own connection before the command that released it is forwarded."""
+        self._run_muted(server, data)
         _close(server)
         self.released.set()
 

@@ -136,6 +136,13 @@ def _succeed(worker: BatchWorker, entries: list[Entry], stream: str) -> None:
     worker.until_written(lambda: outcome.succeed(worker, entries, stream, 1000, "test-model", landing))
 
 
+def _one_job(h, conn: redis.Redis) -> tuple[Job, BatchWorker]:
+    """A queued job (the test's, deleted after it) and a batch worker in this process on ``conn``."""
+    job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+    h.jobs.append(job)
+    return job, _in_process(conn, [h.queue.name], h.worker_name)
+
+
 @contextmanager
 def _lossy(redis_url: str):
     """A connection to the test Redis through a TCP proxy that can drop a connection right after forwarding a
@@ -580,9 +587,7 @@ def test_a_success_whose_reply_is_lost_and_whose_check_is_cut_too_is_waited_out(
     h = rq_setup
     stream = h.env["TRIAGE_RESULTS_STREAM"]
     with _lossy(h.url) as (proxy, conn):
-        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
-        h.jobs.append(job)
-        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        job, worker = _one_job(h, conn)
         entries = _started(worker, [job])
         _classified(entries)
         proxy.drop_at(b"HINCRBY", after=True)  # applied, its reply lost
@@ -622,9 +627,7 @@ def test_a_start_whose_reply_is_lost_and_that_lands_after_the_success_starts_not
     h = rq_setup
     stream = h.env["TRIAGE_RESULTS_STREAM"]
     with _lossy(h.url) as (proxy, conn):
-        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
-        h.jobs.append(job)
-        worker = _in_process(conn, [h.queue.name], h.worker_name)
+        job, worker = _one_job(h, conn)
         assert conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
         entries = [Entry(job=Job.fetch(job.id, connection=conn, serializer=JSONSerializer), queue=worker.queues[0])]
         proxy.drop_at(b"PERSIST", after=True, late=b"ECHO")  # the start's MULTI, held until the test's ECHO

@@ -69,11 +69,12 @@ class Landing:
         pipe.watch(self.key, *keys)
         self._only_ours = not keys
 
-    def watch_late(self, pipe: Pipeline) -> bool:
+    def watch_late(self, pipe: Pipeline) -> None:
         """``watch`` and ``settle`` for a transaction someone else (RQ) WATCHed and opened already: the WATCH and the
-        read go on its connection at once, before its queued MULTI is sent."""
+        read go on its connection at once, before its queued MULTI is sent (the caller tells what landed by the
+        ``then`` that ran)."""
         pipe.immediate_execute_command("WATCH", self.key)
-        return self.settle(pipe)
+        self.settle(pipe)
 
     def mark(self, pipe: Pipeline, then: Callable[[], object] | None = None) -> None:
         """This try's token, into ``pipe`` (a MULTI about to be sent): from here its outcome is unknown until

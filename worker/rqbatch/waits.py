@@ -153,7 +153,7 @@ class RedisWaits(BaseWorker):
         try:
             super().register_birth()
         except ValueError:
-            if not tried or not self._birth_landed(tried):
+            if not self._birth_landed(tried):  # (none tried: the key is another live worker's)
                 raise
         finally:
             if self.birth_date is not None:  # set by RQ right before its transaction
