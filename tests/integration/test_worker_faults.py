@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 import pytest
 import redis
+import torch
 
 from tests.tcp_proxy import TcpProxy
 from tests.worker_proc import REPO, delete_keys, env_with, make_env, outcomes, start_worker, wait_settled
@@ -338,3 +339,49 @@ def test_claimed_entries_deleted_from_the_stream_count_in_the_workers_totals(tri
     stopped = w.events("worker_stopped")[-1]
     assert (stopped["items"], stopped["dead_lettered"]) == (3, 1), stopped
     assert sum(s["dead_lettered"] for s in w.events("summary")) == 1
+
+
+def _overflowing_model(src, dst, poison_text: str):
+    """``src``'s tiny model with the input embedding of ``poison_text``'s first token set to inf (untied from
+    the LM head), as an fp16 overflow would: a ticket holding that token gets NaN scores, no other ticket does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, tie_word_embeddings=False)
+    token = tok(poison_text, add_special_tokens=False)["input_ids"][0]
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.clone())
+        model.get_input_embeddings().weight[token] = float("inf")
+    model.save_pretrained(dst)
+    tok.save_pretrained(dst)
+    return token
+
+
+def test_a_pass_the_model_fails_is_split_and_only_the_failing_tickets_are_dead_lettered(
+    triage_env, redis_url, tmp_path
+):
+    """A real worker on a model that overflows on one token: a 4-ticket pass holding it is re-run ticket by
+    ticket, its neighbours get their labels and the ticket a dead letter with the reason; a 1-ticket pass holding
+    it (nothing to split) is dead-lettered too. Each failed pass has its ``pass_failed_split`` line (a 1-ticket
+    one had none) and the worker drains on to exit 0."""
+    poison = "\u01c2"  # a byte (0xC7) in no prompt, example or warm-up sentence
+    token = _overflowing_model(triage_env["TRIAGE_MODEL"], tmp_path / "overflowing", poison)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    clean = "my parcel is late and the invoice is wrong, please help"
+    first = push(r, triage_env, 3, "ovf-a", text=clean) + push(r, triage_env, 1, "ovf-b", text=f"{clean} {poison}")
+    lone = push(r, triage_env, 1, "ovf-c", text=f"{poison} {clean}")
+    env = env_with(
+        triage_env,
+        TRIAGE_MODEL=str(tmp_path / "overflowing"),
+        TRIAGE_WINDOW_MAX_ITEMS=4,  # two windows: the four, then the lone one
+        TRIAGE_PASS_OVERHEAD_TOKENS=100_000,  # each window one pass
+    )
+    with start_worker(env, "run", "--drain", ready=False) as w:
+        assert w.wait(120) == 0, w.stderr_tail()
+    settled = wait_settled(r, triage_env, first + lone, timeout_s=5)
+    assert [settled[i][0] for i in first[:3]] == ["result"] * 3, settled
+    for i in (first[3], lone[0]):
+        kind, rec = settled[i]
+        assert kind == "dead" and "not finite" in rec["reason"], (token, rec)
+    failed = sorted((e["items"], e["failed_alone"]) for e in w.events("pass_failed_split"))
+    assert failed == [(1, 1), (4, 1)], (failed, w.events("pass"))

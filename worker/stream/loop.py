@@ -280,14 +280,11 @@ class _Loop:
         self.writer.put(item, on_wait=lambda: self.status.set_phase("writing"))
 
     def _on_pass(self, m: WindowMetrics, index: int, res: PassResult) -> None:
-        """After each forward call (main thread)."""
-        if res.split_retries:
-            self.log.warning(
-                "pass_failed_split",
-                window=m.window,
-                items=len(res.indices),
-                failed_alone=sum(isinstance(p, Exception) for p in res.predictions),
-            )
+        """After each forward call (main thread). A failed pass is logged whether it was split or held one ticket
+        (nothing to split: its ticket failed alone), so every model failure has its line."""
+        failed_alone = sum(isinstance(p, Exception) for p in res.predictions)
+        if res.split_retries or failed_alone:
+            self.log.warning("pass_failed_split", window=m.window, items=len(res.indices), failed_alone=failed_alone)
         self.log.info("pass", **pass_line(m.window, index, res.stats, split_retries=res.split_retries))
         prometheus.current().on_passes(res.stats)
 
