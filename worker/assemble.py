@@ -71,10 +71,65 @@ def build_classifier(
     encoder: LoadedModel | None = None,
 ) -> Classifier:
     """The classifier these settings describe; ``loaded`` (and ``encoder``, for ``TRIAGE_ENCODER``) share already
-    loaded models, ``task`` replaces the configured one (eval and bench prompt variants)."""
-    from worker.engine.classifier import Classifier, backbone_name
+    loaded models, ``task`` replaces the configured one (eval and bench prompt variants).
+
+    ``TRIAGE_DTYPE=auto`` picks fp16 on a GPU; a model whose activations pass fp16's range (65,504: NaN or inf
+    scores, every ticket dead-lettered) is built again in ``safer_dtype`` here, found by one probe ticket. A dtype
+    set by hand, or models passed in, are kept as they are."""
+    from worker.engine.results import NonFiniteScores
 
     warn_deprecated_env()
+    auto_fp16 = loaded is None and encoder is None and _auto_picks_fp16(settings)
+    try:
+        clf = _build(settings, loaded, task, encoder)
+        if auto_fp16:
+            clf.classify([first_valid(clf, PROBE_TICKETS)])
+        return clf
+    except NonFiniteScores as e:
+        if not auto_fp16:
+            raise
+        safer = safer_dtype(settings.device)
+        log.warning(
+            "TRIAGE_DTYPE=auto: fp16 overflows on this model (%s); using %s instead (set TRIAGE_DTYPE to choose)",
+            e,
+            safer,
+        )
+        return _build(settings.model_copy(update={"dtype": safer}), None, task, None)
+
+
+# Ordinary tickets (the first within the token limit is used; "x" where truncation is off and the limit tight):
+# the start-up warm-up, and the fp16 probe (an overflow that fails it fails every ticket: weights or prompt states).
+PROBE_TICKETS = ("warm-up ticket: the first real batch should not pay for lazy init", "x")
+
+
+def first_valid(clf: Classifier, texts) -> Any:
+    """The first of ``texts`` this classifier accepts, prepared."""
+    from worker.engine.types import InvalidTicket
+
+    return next(p for p in clf.prepare(texts) if not isinstance(p, InvalidTicket))
+
+
+def _auto_picks_fp16(settings: Settings) -> bool:
+    import torch
+
+    from worker.engine.device import pick_device, pick_dtype
+
+    return settings.dtype == "auto" and pick_dtype(pick_device(settings.device), "auto") == torch.float16
+
+
+def safer_dtype(requested_device: str) -> str:
+    """What auto falls back to from fp16: bf16 (fp32's range) where the GPU has it, else fp32."""
+    import torch
+
+    from worker.engine.device import pick_device
+
+    on_cuda = pick_device(requested_device).type == "cuda"
+    return "bf16" if on_cuda and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def _build(settings: Settings, loaded, task, encoder) -> Classifier:
+    from worker.engine.classifier import Classifier, backbone_name
+
     loaded, encoder = backbones(settings, loaded, encoder)
     task = task or task_from_settings(settings)
     name = backbone_name(loaded, encoder)
