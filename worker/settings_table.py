@@ -12,7 +12,7 @@ def markdown_table() -> str:
     for name, field in Settings.model_fields.items():
         default = field.default if field.default_factory is None else "(computed)"
         if name == "cache_dir":
-            default = "~/.cache/triage"
+            default = "$XDG_CACHE_HOME/triage, else ~/.cache/triage"
         elif name == "consumer":
             default = "hostname-pid"
         meaning = field.description or ""

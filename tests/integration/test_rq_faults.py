@@ -25,8 +25,10 @@ from rq.webhook import Webhook
 from producer.rq_client import enqueue_tickets
 from tests.integration import test_rq
 from tests.integration.test_rq import LABELS, TICKETS, _assert_labelled, _log_events, _run_to_exit, _running, _wait_for
+from tests.metrics_scrape import scrape
 from tests.tcp_proxy import TcpProxy
 from worker.engine.types import Prediction
+from worker.redis_server import free_port
 from worker.rqbatch import BatchWorker, intake, outcome, plain, unreadable
 from worker.rqbatch.jobs import Entry
 from worker.rqbatch.landing import Landing
@@ -435,15 +437,19 @@ def test_an_idle_worker_waits_out_redis_refusing_writes_and_a_warm_stop_still_en
     meeting an out-of-memory Redis ended the work loop, and the refused register_death made it exit 1 (a supervisor's
     restart loads the model again). It now waits, one redis_unavailable line per try, goes on when Redis takes writes
     again, and a SIGTERM while it waits is still a clean stop."""
+    port = free_port()
     with _private_server(rq_setup) as h:
         key = f"rq:worker:{h.worker_name}"
-        with _running(h, "--worker-ttl", "16") as proc:  # RQ's dequeue blocks worker_ttl - 15 s at a time
+        metrics = {"TRIAGE_METRICS_PORT": str(port), "TRIAGE_METRICS_HOST": "127.0.0.1"}
+        with _running(h, "--worker-ttl", "16", **metrics) as proc:  # RQ's dequeue blocks worker_ttl - 15 s at a time
             _wait_for(lambda: h.conn.hget(key, "state") == b"idle", "an idle worker", proc, h, timeout_s=60)
+            assert scrape(port)[("triage_redis_reconnects_total", ())] == 0
             _out_of_memory(h.conn)
             waits = _wait_events(h, proc, "redis_unavailable", "rq_dequeue", 2)
             assert "OOM" in waits[0]["error"] or "OutOfMemory" in waits[0]["error"], waits
             h.conn.config_set("maxmemory", 0)
             _wait_events(h, proc, "redis_reconnected", "rq_dequeue")
+            assert scrape(port)[("triage_redis_reconnects_total", ())] >= 1  # was registered, and stuck at 0
             jobs = enqueue_tickets(h.queue, TICKETS[:2])
             _wait_for(lambda: h.queue.finished_job_registry.count == 2, "the jobs run", proc, h, timeout_s=60)
             _assert_labelled(h, jobs)

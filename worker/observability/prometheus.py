@@ -173,7 +173,7 @@ class PrometheusMetrics(Metrics):
             self.window_tokenize = stage("triage_window_tokenization_duration_seconds", "parsing and tokenizing.")
             self.window_infer = stage("triage_window_inference_duration_seconds", "in the model (all its passes).")
             self.window_write = stage(
-                "triage_window_write_duration_seconds", "building records and in the MULTI/EXEC write + ack."
+                "triage_window_write_duration_seconds", "building records and in the settle script (results, acks)."
             )
             self.windows_first_pass_early = counter(
                 "triage_windows_first_pass_early",

@@ -32,6 +32,7 @@ from typing import TypeVar
 from rq.utils import utcformat
 from rq.worker import BaseWorker
 
+from worker.observability import prometheus
 from worker.stream.connection import Backoff, is_passing
 
 T = TypeVar("T")
@@ -63,6 +64,7 @@ class RedisWait:
     def passed(self) -> None:
         if self.backoff is not None:
             self.worker.tlog.info("redis_reconnected", op=self.op, attempts=self.backoff.attempt)
+            prometheus.current().reconnected()  # triage_redis_reconnects_total, as the stream worker counts them
             self.backoff = None
 
 
