@@ -665,6 +665,31 @@ def test_a_job_queued_twice_by_a_resent_enqueue_runs_once(rq_setup):
     assert [e["job_id"] for e in _log_events(h, "rq_job_queued_twice")] == [job.id]
 
 
+def test_a_copy_of_a_job_already_done_met_in_a_later_batch_is_not_run_again(rq_setup):
+    """The resent enqueue's copy is met after its job ran (a later batch): RQ's dequeue and the batch's fill both
+    ran it again (a second Result and results-stream entry); a canceled job's copy ran the canceled job. Each
+    copy now leaves the queue and the intermediate list without running."""
+    h = rq_setup
+    done = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+    h.jobs.append(done)
+    _run_to_exit(h)
+    canceled = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[1])
+    canceled.cancel()
+    h.jobs.append(canceled)
+    h.conn.rpush(h.queue.key, done.id)  # first in the queue: RQ's own dequeue takes it
+    fresh = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[2])
+    h.jobs.append(fresh)
+    h.conn.rpush(h.queue.key, done.id, canceled.id)  # behind a fresh job: the batch's fill takes them
+    _run_to_exit(h)
+    _assert_labelled(h, [done, fresh])
+    assert len(_fetch(h, done).results()) == 1 and _fetch(h, canceled).get_status() == JobStatus.CANCELED
+    assert h.conn.llen(h.queue.key) == 0 and h.conn.llen(h.queue.intermediate_queue_key) == 0
+    mirrored = [f[b"id"].decode() for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])]
+    assert sorted(mirrored) == sorted([done.id, fresh.id])
+    skipped = [(e["job_id"], e["status"]) for e in _log_events(h, "rq_job_queued_twice")]
+    assert skipped == [(done.id, "finished"), (done.id, "finished"), (canceled.id, "canceled")], skipped
+
+
 def test_a_repeat_survives_redis_refusing_the_repeating_jobs_success(rq_setup):
     """RQ's Repeat.schedule counts the repeats down in memory before EXEC: the refused try left none, the next one
     recorded the job as a plain success, FINISHED, and it never ran again."""

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rq.exceptions import NoSuchJobError
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
 
 from worker.rqbatch import unreadable
@@ -118,8 +118,27 @@ def fetch_jobs(worker: BaseWorker, job_ids: list[str], queue: Queue) -> list[Job
         except Exception:  # deleted after it was queued, or a hash RQ cannot read: not a job of the batch
             unreadable.fail_if_unreadable(worker, job_id, queue, raw, listed=listed)
             continue
-        jobs.append(job)
+        if not left_as_done(worker, job, queue, listed=listed):
+            jobs.append(job)
     return jobs
+
+
+# Statuses a queued job never has: every enqueue, retry, repeat and requeue sets QUEUED before it pushes the id.
+DONE = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
+
+
+def left_as_done(worker: BaseWorker, job: Job, queue: Queue, listed: bool, op: str = "rq_fill") -> bool:
+    """Whether ``job`` is a stale copy of a job already done (finished, failed, stopped or canceled): an id queued
+    twice (a resent enqueue) whose first copy ran in an earlier batch. RQ would run it again (a second Result, a
+    second webhook; a canceled job run). It leaves the intermediate list (if it was moved there) and is not run."""
+    status = job.get_status(refresh=False)
+    if status not in DONE:
+        return False
+    if listed:
+        worker.until_written(lambda: worker.connection.lrem(queue.intermediate_queue_key, 1, job.id), op=op)
+    note = "already done: not run again"
+    worker.tlog.warning("rq_job_queued_twice", job_id=job.id, queue=queue.name, status=status.value, note=note)
+    return True
 
 
 def fill_wait_s(max_wait_ms: float) -> float:

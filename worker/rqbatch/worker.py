@@ -140,17 +140,21 @@ class BatchWorker(RedisWaits):
         job read again, not failed (serving several queues, RQ popped it from no intermediate list: it was lost)."""
         while True:
             try:
-                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                popped = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             except Exception as e:
                 job_id, queue = getattr(e, "job_id", None), getattr(e, "queue", None)
                 if job_id is None or not isinstance(queue, Queue):
                     raise
                 if is_passing(e):
                     popped = self._read_popped(job_id, queue)
-                    if popped is not None:
-                        return popped
+                    if popped is None:
+                        continue
                 elif not unreadable.fail_if_unreadable(self, job_id, queue, listed=self._popped_listed()):
                     raise
+                else:
+                    continue
+            if popped is None or not intake.left_as_done(self, *popped, self._popped_listed(), op="rq_dequeue"):
+                return popped
 
     def _popped_listed(self) -> bool:
         """Whether RQ's dequeue moved the job into its intermediate list (one queue, Redis >= 6.2: its own rule)."""
