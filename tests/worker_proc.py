@@ -92,6 +92,14 @@ class WorkerProc:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def freeze(self, timeout_s: float = 10) -> None:
+        """SIGSTOP, returning once the kernel says the process is stopped (state T): it sends nothing from here on."""
+        self.signal(signals.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+            assert time.monotonic() < deadline, f"worker {self.pid} did not stop"
+            time.sleep(0.001)
+
     def kill(self) -> None:
         """SIGKILL (kill -9): no shutdown code runs in the worker."""
         if self.proc is not None and self.proc.poll() is None:

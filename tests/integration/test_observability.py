@@ -34,7 +34,6 @@ from tests.worker_proc import (
 )
 from worker import __version__
 from worker.redis_server import free_port
-from worker.stream.reader import Reader
 
 GOOD_TEXTS = [
     "I was charged twice",
@@ -177,9 +176,9 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
     env, stream = group.env, group.env["TRIAGE_INPUT_STREAM"]
     names = sorted(group.workers)
     for w in group.workers.values():
-        w.signal(signal.SIGSTOP)  # alive (heartbeat fresh for 120 s) but reading nothing: new tickets stay backlog
+        w.freeze()  # alive (heartbeat fresh for 120 s) but reading nothing: new tickets stay backlog (no read blocks
+        # in Redis: a worker polls with scripts, so a stopped one has no read that could take them later)
     try:
-        time.sleep(3 * Reader.IDLE_BLOCK_MS / 1000)  # let their last XREADGROUP BLOCK time out inside Redis
         late = [r.xadd(stream, {"id": f"late-{i}", "text": "refund please"}) for i in range(5)]
         snap = run_cli(env, "status", "--json", "--window-s", "600")
         text = run_cli(env, "status", "--window-s", "600")

@@ -287,14 +287,18 @@ def test_block_policy_waits_for_the_worker_to_catch_up(client, r, settings):
     client.submit_many(["a", "b", "c"])
     r.xgroup_create(settings.input_stream, GROUP, id="0")
 
+    acking = threading.Event()
+
     def consume():
-        time.sleep(0.3)
+        time.sleep(0.3)  # the submit is waiting by then (were it not, it would not wait at all: still a pass)
+        acking.set()
         for sid, _ in r.xreadgroup(GROUP, "c1", {settings.input_stream: ">"}, count=2)[0][1]:
             r.xack(settings.input_stream, GROUP, sid)
 
     t = threading.Thread(target=consume)
     t.start()
     sent = client.submit("d")  # blocks until two were consumed
+    assert acking.is_set(), "submit returned before the worker caught up"
     t.join()
     assert client.backlog() == 2
     assert r.xrange(settings.input_stream)[-1][0] == sent.stream_id

@@ -70,7 +70,7 @@ class InFlight:
 
 
 class Reader(threading.Thread):
-    IDLE_BLOCK_MS = 500  # longest XREADGROUP BLOCK: bounds how late a stop request is noticed
+    IDLE_BLOCK_MS = 500  # longest wait for new entries in one read (polled): bounds how late a stop is noticed
     DRAIN_BLOCK_MS = 100
 
     def __init__(
