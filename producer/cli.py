@@ -19,6 +19,7 @@ import redis
 from producer.arg_types import at_least, entry_id_arg, seconds
 from producer.ids_file import read_submissions, write_ids
 from producer.redis_errors import partial as _partial
+from worker.wording import count_of
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKLOG = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
@@ -89,7 +90,7 @@ def cmd_send(args) -> int:
                 write_ids(ids_out, e.submitted)
             raise
         write_ids(ids_out, sent)
-    print(f"sent {len(sent)} tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
+    print(f"sent {count_of(len(sent), 'ticket')} to {client.settings.input_stream} (backlog now {client.backlog()})")
     if args.wait_s:
         return _report_wait(client, sent, args.wait_s, quiet=True)
     return EXIT_OK
@@ -125,12 +126,15 @@ def cmd_synth(args) -> int:
         with open(args.out, "w", encoding="utf-8") as f:
             for t in tickets:
                 f.write(json.dumps(t, ensure_ascii=False) + "\n")
-        print(f"wrote {len(tickets)} tickets to {args.out}", file=sys.stderr)
+        print(f"wrote {count_of(len(tickets), 'ticket')} to {args.out}", file=sys.stderr)
     if args.send:
         client = _client(args)
         payload = [{"id": t["id"], "text": t["text"], "meta": {"synthetic_label": t["label"]}} for t in tickets]
         sent = _submit_with_bar(client, payload, "send synthetic")
-        print(f"sent {len(sent)} synthetic tickets to {client.settings.input_stream} (backlog now {client.backlog()})")
+        print(
+            f"sent {count_of(len(sent), 'synthetic ticket')} to {client.settings.input_stream} "
+            f"(backlog now {client.backlog()})"
+        )
     if not args.out and not args.send:
         for t in tickets:
             _print_json(t)

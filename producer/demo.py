@@ -28,6 +28,7 @@ from producer.settings import ProducerSettings
 from producer.synth import generate_tickets
 from worker.engine.types import padding_pct, percentile
 from worker.keyspace import delete_under, keys_under
+from worker.wording import count_of
 
 BAD_TICKETS = [  # each is dead-lettered by the worker, with a reason
     {"id": "bad-empty-text", "text": ""},
@@ -176,7 +177,8 @@ def render(sm: dict, n_bad: int) -> str:
         "=== triage demo summary ===",
         f"model           {sm['model']}  on {sm['device']} / {sm['dtype']}  "
         f"(loaded in {_fmt(sm['model_load_ms'], '.0f', ' ms')})",
-        f"classified      {sm['classified']} tickets in {sm['windows']} windows ({sm['passes']} forward passes)",
+        f"classified      {count_of(sm['classified'], 'ticket')} in {count_of(sm['windows'], 'window')} "
+        f"({count_of(sm['passes'], 'forward pass', 'forward passes')})",
         "labels          " + ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sm["labels"].most_common()),
         f"agreement       {_fmt(agreement_pct, '.0f', '%')} with the generator's intended label",
         f"throughput      {_fmt(sm['items_per_s_wall'])} items/s wall (worker ready -> last result), "

@@ -89,11 +89,8 @@ def build_classifier(
         if not auto_fp16:
             raise
         safer = safer_dtype(settings.device)
-        log.warning(
-            "TRIAGE_DTYPE=auto: fp16 overflows on this model (%s); using %s instead (set TRIAGE_DTYPE to choose)",
-            e,
-            safer,
-        )
+        fix = "set TRIAGE_DTYPE to choose"
+        log.warning("dtype_fallback", extra={"dtype": "fp16", "instead": safer, "why": f"overflows: {e}", "fix": fix})
         return _build(settings.model_copy(update={"dtype": safer}), None, task, None)
 
 
@@ -294,16 +291,23 @@ def carry_out(clf: Classifier, plan: ScorerPlan) -> Scorer | None:
         raise plan.error()
     if plan.kind == "task_examples":
         head = fit_head_on_task_examples(clf)
-        log.info(
-            "scorer: %s/%s head fitted on the task's %d examples (TRIAGE_SCORER=prompt for label-token scoring)",
-            head.method,
-            head.pooling,
-            len(clf.task.examples),
-        )
+        _selected("task examples", head, examples=len(clf.task.examples), note="TRIAGE_SCORER=prompt: label tokens")
         return HeadScorer(head, device=clf.device, source="task examples")
-    if plan.missing_examples:
-        log.info("scorer: prompt (no task examples for %s; a head needs one per label)", list(plan.missing_examples))
+    why = (
+        f"no task examples for {list(plan.missing_examples)}: a head needs one per label"
+        if plan.missing_examples
+        else None
+    )
+    log.info(SCORER_EVENT, extra={"scorer": "prompt", **({"why": why} if why else {})})
     return None
+
+
+SCORER_EVENT = "scorer_selected"  # one line per build: which scorer serves, and where its head came from
+
+
+def _selected(source: str, head, **fields) -> None:
+    fields = {"scorer": "head", "head": source, "method": head.method, "pooling": head.pooling, **fields}
+    log.info(SCORER_EVENT, extra=fields)
 
 
 def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
@@ -315,13 +319,7 @@ def load_head_scorer(clf: Classifier, path: Path) -> Scorer:
     except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for corrupt files
         raise ScoringConfigError("TRIAGE_HEAD_PATH", f"cannot load scorer head {path}: {e}") from e
     head.check(clf)  # HeadMismatch (a ValueError) says what differs
-    log.info(
-        "scorer head loaded: %s (%s, %s pooling, %s training tickets)",
-        path,
-        head.method,
-        head.pooling,
-        head.meta.get("n_train"),
-    )
+    _selected(str(path), head, training_tickets=head.meta.get("n_train"))
     return HeadScorer(head.reordered(clf.labels), device=clf.device, source=str(path))
 
 
@@ -333,16 +331,9 @@ def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
     try:
         head.check(clf)
     except HeadMismatch as e:
-        log.info("shipped default head not used: %s", e)
+        log.info("shipped_head_not_used", extra={"head": path.name, "why": str(e)})
         return None
-    log.info(
-        "scorer: shipped default head %s (%s/%s on %s's states, fitted on %s labelled support tickets)",
-        path.name,
-        head.method,
-        head.pooling,
-        clf.model_name,
-        head.meta.get("n_train"),
-    )
+    _selected(f"shipped:{path.name}", head, model=clf.model_name, training_tickets=head.meta.get("n_train"))
     return HeadScorer(head.reordered(clf.labels), device=clf.device, source=f"shipped:{path.name}")
 
 
@@ -373,7 +364,10 @@ def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None)
     from worker.quality.calibration import contextual_bias
 
     bias = contextual_bias(clf)
-    log.info("contextual calibration: score_bias %s", dict(zip(clf.labels, [round(float(b), 3) for b in bias])))
+    log.info(
+        "calibration_fitted",
+        extra={"calibration": "contextual", "score_bias": dict(zip(clf.labels, bias.round(3).tolist()))},
+    )
     return bias
 
 

@@ -24,4 +24,10 @@ def markdown_table() -> str:
 
 
 if __name__ == "__main__":
-    print(markdown_table())
+    try:
+        print(markdown_table())
+    except BrokenPipeError:  # `python -m worker.settings_table | head`: the reader left, not an error
+        import os
+        import sys
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes at exit

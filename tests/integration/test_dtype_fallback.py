@@ -53,13 +53,14 @@ def test_auto_builds_again_in_a_safer_dtype_when_fp16_overflows(out_of_fp16_rang
         clf = build_classifier(settings(out_of_fp16_range, tmp_path))
     assert clf.dtype_name == safer_dtype("cpu") == "fp32"
     assert [p.label in clf.labels for p in clf.classify_texts(TICKETS)] == [True, True]
-    assert "fp16 overflows on this model" in caplog.text and "using fp32" in caplog.text
+    (fallback,) = [r for r in caplog.records if r.getMessage() == "dtype_fallback"]
+    assert (fallback.dtype, fallback.instead) == ("fp16", "fp32") and "not finite" in fallback.why
 
 
 def test_auto_keeps_fp16_on_a_model_within_its_range(tiny_model_dir, tmp_path, auto_is_fp16, caplog):
     with caplog.at_level(logging.WARNING, logger="triage.assemble"):
         clf = build_classifier(settings(tiny_model_dir, tmp_path))
-    assert clf.dtype_name == "fp16" and "overflows" not in caplog.text
+    assert clf.dtype_name == "fp16" and "dtype_fallback" not in caplog.text
     assert all(p.label in clf.labels for p in clf.classify_texts(TICKETS))
 
 

@@ -77,3 +77,6 @@ def test_every_line_of_a_worker_names_its_consumer(triage_env):
     recs = _json_lines("\n".join(w.lines))
     assert {r["logger"] for r in recs} - {"triage.worker"}, "test needs lines of other loggers"
     assert [r for r in recs if r.get("consumer") != "logs-a"] == []
+    # the scorer's line is an event name with fields (it was a sentence as its event: ops cannot select it)
+    (scorer,) = [r for r in recs if r["event"] == "scorer_selected"]
+    assert scorer["logger"] == "triage.assemble" and scorer["scorer"] in ("head", "prompt"), scorer

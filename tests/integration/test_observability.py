@@ -211,7 +211,14 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
     ghost = rows["ghost-1"]
     assert not ghost["alive"] and ghost["state"] == "dead" and ghost["pending"] == GHOST_ENTRIES
     assert ghost["flags"] == ["dead"]  # idle far below TRIAGE_CLAIM_IDLE_MS=600000: not reclaimable yet
-    assert s["summary"] == {"workers": 3, "alive": 2, "dead": 1, "pending_on_dead": GHOST_ENTRIES, "reclaimable": 0}
+    assert s["summary"] == {
+        "workers": 3,
+        "alive": 2,
+        "dead": 1,
+        "gone": 0,
+        "pending_on_dead": GHOST_ENTRIES,
+        "reclaimable": 0,
+    }
     # the same group seen with TRIAGE_CLAIM_IDLE_MS=1: the ghost's entries are up for XAUTOCLAIM
     ghost_soon = next(w for w in json.loads(soon.stdout)["workers"] if w["consumer"] == "ghost-1")
     assert ghost_soon["flags"] == ["dead", "reclaimable"]
@@ -220,7 +227,7 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
     for name in (*names, "ghost-1"):
         assert name in text.stdout
     assert "backlog 5  pending 3" in text.stdout and f"{len(BAD)} dead letters" in text.stdout
-    assert "2 alive, 1 dead; 3 entries pending on dead workers" in text.stdout
+    assert "3 workers: 2 alive, 1 dead, 0 gone; 3 entries pending on dead workers" in text.stdout
     print(text.stdout)  # shown with -s: the sample in docs/worker.md comes from here
     # --watch --json: one object per refresh
     lines = watch.stdout.splitlines()

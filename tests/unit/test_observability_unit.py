@@ -241,9 +241,10 @@ def test_render_shows_phase_and_pass_age_when_the_heartbeat_has_them():
         },
         "dead_letters": {"length": 2, "in_window": 1, "by_reason": {"bad_meta": 1}},
         "workers": [row],
-        "summary": {"workers": 1, "alive": 1, "dead": 0, "pending_on_dead": 0, "reclaimable": 0},
+        "summary": {"workers": 1, "alive": 1, "dead": 0, "gone": 0, "pending_on_dead": 0, "reclaimable": 0},
     }
     text = render(snap, "redis://r:6379/0")
+    assert "1 worker: 1 alive, 0 dead, 0 gone" in text  # the counts add up to the workers (a gone one was missing)
     assert "inferring 3.0s (pass 2.0s)" in text and "gpu-1-42" in text and "bundled:smollm2" in text
     assert "backlog 800  pending 64" in text and "p99 1.5 s" in text and "(bad_meta 1)" in text
     stopping = _worker("gpu-1-42", {**beat, "phase": "stopping"}, None, 0, NOW, claim_idle_ms=60_000)

@@ -65,6 +65,7 @@ def collect(client: redis.Redis, t: Target, *, window_s: float = 60.0, max_resul
             "workers": len(workers),
             "alive": sum(w["alive"] for w in workers),
             "dead": len(dead_workers),
+            "gone": sum(w["state"] == "gone" for w in workers),  # alive + dead + gone = workers
             "pending_on_dead": sum(w["pending"] for w in dead_workers),
             "reclaimable": sum(w["pending"] for w in dead_workers if "reclaimable" in w["flags"]),
         },

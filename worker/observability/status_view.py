@@ -9,6 +9,8 @@ import time
 from pathlib import PurePath
 from typing import Any
 
+from worker.wording import count_of
+
 COLUMNS = ("WORKER", "STATE", "HOST", "PID", "BEAT", "PHASE", "PENDING", "IDLE", "DONE", "MODEL", "FLAGS")
 
 
@@ -41,7 +43,7 @@ def render(s: dict[str, Any], redis_url: str = "") -> str:
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     lines.append("")
-    tail = f"{summ['workers']} workers: {summ['alive']} alive, {summ['dead']} dead"
+    tail = f"{count_of(summ['workers'], 'worker')}: {summ['alive']} alive, {summ['dead']} dead, {summ['gone']} gone"
     if summ["dead"]:
         tail += (
             f"; {summ['pending_on_dead']} entries pending on dead workers ({summ['reclaimable']} reclaimable now,"
