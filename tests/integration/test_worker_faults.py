@@ -22,7 +22,7 @@ import redis
 import torch
 
 from tests.tcp_proxy import TcpProxy
-from tests.worker_proc import REPO, delete_keys, env_with, make_env, outcomes, start_worker, wait_settled
+from tests.worker_proc import REPO, delete_keys, env_with, make_env, outcomes, run_cli, start_worker, wait_settled
 from worker.stream.scripts import settle_script
 
 GROUP = "triage"
@@ -385,3 +385,34 @@ def test_a_pass_the_model_fails_is_split_and_only_the_failing_tickets_are_dead_l
         assert kind == "dead" and "not finite" in rec["reason"], (token, rec)
     failed = sorted((e["items"], e["failed_alone"]) for e in w.events("pass_failed_split"))
     assert failed == [(1, 1), (4, 1)], (failed, w.events("pass"))
+
+
+def test_a_cold_shutdown_releases_the_heartbeat_and_leaves_the_window_pending(triage_env, redis_url):
+    """Two SIGTERMs mid-window: exit 128+15 at once, the entries in hand stay pending for a reclaim, and the heartbeat
+    goes with the process (status and healthcheck said "alive" for a TTL after it was gone)."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    consumer = f"cold-{uuid.uuid4().hex[:6]}"
+    key = triage_env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + consumer
+    env = env_with(
+        triage_env,
+        TRIAGE_CONSUMER=consumer,
+        TRIAGE_HEARTBEAT_TTL_S=60,
+        TRIAGE_WINDOW_MAX_ITEMS=64,
+        TRIAGE_PASS_MAX_ITEMS=64,
+        TRIAGE_PASS_MAX_TOKENS=10**6,
+        TRIAGE_MAX_INPUT_TOKENS=512,
+        TRIAGE_MAX_WAIT_MS=0,
+    )
+    push(r, triage_env, 64, "cold", text="my parcel is late and the invoice is wrong, please help me " * 30)
+    with start_worker(env) as w:  # one window, one pass of 64 x 512 tokens: over a second on a 2-core box
+        deadline = time.monotonic() + 60
+        while own_pending(r, triage_env, consumer) < 64 and time.monotonic() < deadline:  # the window in hand
+            time.sleep(0.01)
+        w.signal(signal.SIGTERM)
+        w.wait_for("warm_shutdown")
+        w.signal(signal.SIGTERM)
+        assert w.wait(timeout_s=30) == 128 + signal.SIGTERM, w.stderr_tail()
+    assert w.events("cold_shutdown") and not w.events("cold_shutdown_release_failed"), w.stderr_tail()
+    assert r.get(key) is None and own_pending(r, triage_env, consumer) == 64
+    health = run_cli(env, "healthcheck", "--consumer", consumer)
+    assert health.returncode == 1, health.stdout + health.stderr

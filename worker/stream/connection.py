@@ -125,13 +125,13 @@ def socket_timeout_for(max_wait_ms: int) -> float:
     return max(SOCKET_TIMEOUT_S, max_wait_ms / 1000.0 + BLOCK_MARGIN_S)
 
 
-def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Redis:
+def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S, connect_timeout_s: float = 5.0) -> redis.Redis:
     """A client that hands back raw bytes (the worker decodes and validates itself)."""
     return redis.Redis.from_url(
         url,
         decode_responses=False,
         socket_timeout=socket_timeout_s,  # > the longest BLOCK the worker uses (socket_timeout_for)
-        socket_connect_timeout=5.0,
+        socket_connect_timeout=connect_timeout_s,
         socket_keepalive=True,
         health_check_interval=30,
         retry=Retry(NoBackoff(), 0),

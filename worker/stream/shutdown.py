@@ -4,6 +4,8 @@ First signal (warm): stop reading, finish and ack what was already read, exit 0.
 Second signal (cold): exit at once; whatever was read but not acked stays in the
 consumer group's pending list, where another worker reclaims it (XAUTOCLAIM).
 Exiting mid-write is safe: the settle script (scripts.py) ran entirely or not at all.
+Before a cold exit ``before_cold_exit`` runs (the worker releases its heartbeat there, so status
+and healthcheck call it dead at once, not a TTL later, and a restart may take its name).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -23,6 +26,7 @@ class Shutdown:
         self.signals = 0
         self.reason: str | None = None
         self.failure: tuple[str, int] | None = None  # (reason, exit code) of a stop that must not exit 0
+        self.before_cold_exit: Callable[[], None] | None = None  # quick, and on connections of its own
 
     def install(self) -> None:
         for sig in SIGNALS:
@@ -52,6 +56,11 @@ class Shutdown:
             self.request(f"signal {name}")
             return
         self.log.warning("cold_shutdown", signal=name, note="exiting now; unacked entries stay pending for reclaim")
+        if self.before_cold_exit is not None:
+            try:
+                self.before_cold_exit()
+            except Exception as e:  # noqa: BLE001 - exiting anyway: the heartbeat then expires by its TTL
+                self.log.warning("cold_shutdown_release_failed", error=f"{type(e).__name__}: {e}")
         for stream in (sys.stderr, sys.stdout):
             try:
                 stream.flush()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis
@@ -18,6 +19,7 @@ from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.connection import Backoff, connect, is_passing, passing_state, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
+from worker.stream.scripts import release_script
 from worker.stream.shutdown import Shutdown
 from worker.stream.source import ReadLimits, StreamSource
 
@@ -68,6 +70,7 @@ def start(settings, *, drain: bool) -> Started | int:
     )
     if not _claim_name(heartbeat, shutdown, log):
         return EXIT_CONFIG
+    shutdown.before_cold_exit = partial(_release_at_once, settings.redis_url, heartbeat)
     if shutdown.stop.is_set():  # a signal while a dead holder's key was waited out
         log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
         return EXIT_OK
@@ -94,6 +97,16 @@ def start(settings, *, drain: bool) -> Started | int:
         log.info("worker_stopped", reason=why, windows=0, items=0, dead_lettered=0)
         return code
     return Started(client, source, shutdown, log, status, heartbeat, keeper, clf)
+
+
+def _release_at_once(url: str, heartbeat: Heartbeat) -> None:
+    """A cold exit's heartbeat release (compare-and-delete): on a client of its own with short timeouts, since the
+    signal may have interrupted the main thread inside the worker's client (its pool's lock held)."""
+    client = connect(url, socket_timeout_s=0.5, connect_timeout_s=0.5)
+    try:
+        release_script(client, [heartbeat.key], [heartbeat.instance])
+    finally:
+        client.close()
 
 
 def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
