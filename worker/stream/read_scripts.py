@@ -144,9 +144,14 @@ CLAIM = (
 -- with RETRYCOUNT + 1 and JUSTID (the delivery XAUTOCLAIM counts, without a second copy). An entry deleted from the
 -- stream is XCLAIMed with JUSTID, which drops it from the pending list as XAUTOCLAIM does (no other worker meets it
 -- again; Redis 6.2 keeps it, on this consumer, until its dead letter acks it), and returned by id for its dead
--- letter. Only what was looked at is claimed: the rest stays with its consumer for the next call.
+-- letter; except one pending on this consumer that it holds (ARGV[9..], as READ_OWN's): its window writes its one
+-- record (the refresh leaves a deleted entry idle). Claimed as an orphan, its dead letter (written without an
+-- ownership check) and its window's settle both wrote one on 6.2, whose XCLAIM left it ours in between.
+-- Only what was looked at is claimed: the rest stays with its consumer for the next call.
 -- Returns {next cursor ('0-0': scan complete), whole, markers, deleted ids}.
 local count, last, deleted = tonumber(ARGV[8]), nil, {}
+local held = {}
+for k = 9, #ARGV do held[ARGV[k]] = true end
 local page = redis.call('XPENDING', stream, group, 'IDLE', ARGV[6], ARGV[7], '+', count)  -- NOGROUP raises here
 for _, row in ipairs(page) do
   if used >= budget then break end
@@ -157,6 +162,8 @@ for _, row in ipairs(page) do
     local big = hand(id, row[4] + 1, got[1][2])
     got = nil
     if big then collect() end
+  elseif row[2] == consumer and held[id] then
+    -- ours, in a window we hold: left pending on us for that window's settle
   else
     redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
     deleted[#deleted + 1] = id

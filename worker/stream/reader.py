@@ -222,7 +222,11 @@ class Reader(threading.Thread):
                     return "pending", fresh
             if time.monotonic() >= self._next_claim_s:
                 got, claim_cursor, deleted = self.source.autoclaim(
-                    self._claim_cursor, self.cap_items, self.claim_idle_ms, max_bytes=budget
+                    self._claim_cursor,
+                    self.cap_items,
+                    self.claim_idle_ms,
+                    max_bytes=budget,
+                    held=self.in_flight.snapshot(self._epoch),  # deleted ones of ours: their windows settle them
                 )
                 self.guard.in_epoch(self._epoch, lambda: self._keep_claim_cursor(claim_cursor))  # as above
                 if deleted:
@@ -246,7 +250,9 @@ class Reader(threading.Thread):
     def _dead_letter_deleted(self, ids: list[str]) -> None:
         """Pending entries of another consumer deleted from the stream (XDEL, a MAXLEN trim): XAUTOCLAIM drops them
         from the pending list, so without a dead letter nobody learns that their tickets were never classified (the
-        process restarting under the dead one's name reads them from its own list and dead-letters them alike)."""
+        process restarting under the dead one's name reads them from its own list and dead-letters them alike).
+        Never one this process holds: the claim leaves those to their windows (no ownership check here, and Redis
+        6.2 keeps a claimed deleted entry pending on us, so a window settling it meanwhile wrote its record too)."""
         letters = [
             dead_letter_fields(
                 stream_id=i, reason=DELETED_REASON, payload={}, deliveries=0, worker=self.source.consumer

@@ -193,17 +193,18 @@ class StreamSource:
         return self._entries(whole, unread, "pending"), as_text(cursor) or None
 
     def autoclaim(
-        self, cursor: str, count: int, min_idle_ms: int, max_bytes: int | None = None
+        self, cursor: str, count: int, min_idle_ms: int, max_bytes: int | None = None, held: Sequence[str] = ()
     ) -> tuple[list[RawEntry], str, list[str]]:
         """Claim entries idle >= ``min_idle_ms`` (from any consumer, dead or stuck), as XAUTOCLAIM does, up to
         ``max_bytes`` (read_scripts.CLAIM).
 
         Returns (entries now ours, next cursor ("0-0" = scan complete), ids that were
         pending but deleted from the stream; dropped from the PEL as XAUTOCLAIM drops them, on Redis 6.2 by the ack
-        of their dead letters)."""
+        of their dead letters). A deleted entry pending on this consumer and in ``held`` (read by this process, not
+        settled yet) is left to its window: neither claimed nor returned."""
         budget = self.limits.budget(count) if max_bytes is None else max_bytes
         next_cursor, whole, unread, deleted = claim_script(
-            self.client, [self.stream], [*self._head(budget), min_idle_ms, cursor, count]
+            self.client, [self.stream], [*self._head(budget), min_idle_ms, cursor, count, *held]
         )
         return self._entries(whole, unread, "claimed"), as_text(next_cursor), [as_text(i) for i in deleted or []]
 
