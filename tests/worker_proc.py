@@ -62,8 +62,9 @@ class WorkerProc:
         if self.forked:
             self.proc = zygote.shared().spawn(self.env, self.args)  # type: ignore[assignment]
         else:
+            entry = "tests.run_worker" if self.env.get("TRIAGE_TEST_PRELOAD") else "worker"  # its hook, imported first
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker", *self.args],
+                [sys.executable, "-m", entry, *self.args],
                 cwd=REPO,
                 env=self.env,
                 stdin=subprocess.DEVNULL,

@@ -22,7 +22,8 @@ from tests.integration.chaos.harness import count_done, push, record, tally, wai
 WINDOW = 128
 CLAIM_IDLE_MS = 600
 HEARTBEAT_TTL_S = 1
-TEXT = "my parcel is late and the invoice is wrong, please help me with the refund of the order " * 30
+TEXT = "my parcel is late and the invoice is wrong, please help me with the refund of the order"
+HOLD_S = 1.5  # each pass held that long (tests.held_passes): longer than the TTL and the claim idle time on any CPU
 
 
 def test_long_passes_keep_heartbeat_and_ownership(launch, redis_server_factory, tiny_model_dir, tmp_path):
@@ -40,10 +41,12 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, redis_server_factory, 
         TRIAGE_HEARTBEAT_TTL_S=HEARTBEAT_TTL_S,
         TRIAGE_CLAIM_IDLE_MS=CLAIM_IDLE_MS,
         TRIAGE_MAX_WAIT_MS=0,
+        TRIAGE_TEST_PRELOAD="tests.held_passes",
+        TRIAGE_TEST_PASS_HOLD_S=HOLD_S,
     )
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
     client = server.client()
-    tickets = [{"id": f"long-{i}", "text": f"{TEXT} #{i}"} for i in range(6 * WINDOW)]  # ~2-3 s per window here
+    tickets = [{"id": f"long-{i}", "text": f"{TEXT} #{i}"} for i in range(6 * WINDOW)]  # six windows, each held
     push(client, stream, tickets)
     key = env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + "long-a"
     samples: list[dict | None] = []
@@ -86,7 +89,7 @@ def test_long_passes_keep_heartbeat_and_ownership(launch, redis_server_factory, 
     assert t.lost == [] and t.duplicates == 0 and not t.dead
     assert t.workers["long-a"] > 0 and t.workers["long-b"] > 0
     infer_ms = [e["infer_ms"] for w in (a, b) for e in w.events("window")]
-    # the test means something only if windows outlast the heartbeat TTL and the claim idle time
+    # the test means something only if windows outlast the heartbeat TTL and the claim idle time: held to (HOLD_S)
     assert max(infer_ms) > max(CLAIM_IDLE_MS, HEARTBEAT_TTL_S * 1000), f"windows too short to test: {max(infer_ms)} ms"
     record(
         "long_pass",
