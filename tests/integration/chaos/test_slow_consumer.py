@@ -9,18 +9,17 @@ dropped from the write ("entries_not_ours_anymore"). Results and their XACK are 
 MULTI/EXEC, so whoever acks an entry has written its result: a stale writer can add a
 duplicate, never lose a ticket.
 
-The freeze is placed deterministically in the worst spot: right after the worker read a
-window of large tickets, while it parses and tokenizes them (a GC pause, swap or CPU
-starvation there looks the same).
+The freeze is placed deterministically in the worst spot: while the worker's pass over the
+window it read runs (held there, tests.held_passes, until the test has frozen it: a GC pause,
+swap or CPU starvation looks the same), so nothing of that window was written before.
 """
 
 from __future__ import annotations
 
 import signal
-import time
 
 from tests.integration.chaos.conftest import worker_env
-from tests.integration.chaos.harness import pending_of, push, record, sized, synth_tickets, tally, wait_until
+from tests.integration.chaos.harness import push, record, sized, synth_tickets, tally, wait_until
 
 GROUP = "triage"
 
@@ -28,21 +27,6 @@ GROUP = "triage"
 def _pending_ids(client, stream: str, consumer: str) -> set[str]:
     rows = client.xpending_range(stream, GROUP, min="-", max="+", count=10_000, consumername=consumer)
     return {r["message_id"].decode() for r in rows}
-
-
-def _big_tickets(k: int, size: int = 60_000) -> list[dict]:
-    """Tickets near TRIAGE_MAX_TEXT_BYTES: tokenizing a window of them takes a while (truncated afterwards)."""
-    words = " ".join(t["text"] for t in synth_tickets(200, seed=8)).split()
-    out = []
-    for i in range(k):
-        text, j, length = [], i, 0
-        while length < size:
-            word = words[j % len(words)]
-            text.append(word)
-            length += len(word) + 1
-            j += 7
-        out.append({"id": f"big-{i}", "text": " ".join(text)[:size]})
-    return out
 
 
 def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis, tiny_model_dir, tmp_path):
@@ -59,13 +43,16 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
         TRIAGE_CLAIM_IDLE_MS=claim_idle_ms,
         TRIAGE_MAX_INPUT_TOKENS=64,
     )
+    marked, release = env["TRIAGE_RESULT_KEY_PREFIX"] + "in-pass", env["TRIAGE_RESULT_KEY_PREFIX"] + "go"
+    held = {"TRIAGE_TEST_PRELOAD": "tests.held_passes", "TRIAGE_TEST_PASS_MARK": marked}
+    held["TRIAGE_TEST_PASS_HOLD_UNTIL"] = release
     client = chaos_redis.client()
     stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
-    big = _big_tickets(batch)
+    big = synth_tickets(batch, seed=8, prefix="held")  # A's window
     tickets = synth_tickets(n, seed=3, prefix="slow")
 
     with (
-        launch({**env, "TRIAGE_CONSUMER": "slow-a"}, ready=False) as a,
+        launch({**env, **held, "TRIAGE_CONSUMER": "slow-a"}, ready=False) as a,
         launch({**env, "TRIAGE_CONSUMER": "fast-b"}, ready=False) as b,
     ):
         a.wait_ready()
@@ -75,18 +62,11 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
         for fields in big:
             pipe.xadd(stream, fields)
         pipe.execute()
-        wait_until(
-            lambda: pending_of(client, stream, GROUP).get("slow-a", 0) > 0,
-            timeout_s=60,
-            interval_s=0.005,
-            what="A to read the window",
-        )
-        a.signal(signal.SIGSTOP)  # A is now parsing / tokenizing 16 x 60 kB
-        time.sleep(0.2)  # a transaction A had already sent lands before we look
+        wait_until(lambda: client.exists(marked), timeout_s=60, interval_s=0.005, what="A in its window's pass")
+        a.freeze()  # in the pass (held), before anything of the window is written
+        client.set(release, 1)  # the pass runs on once A is resumed
         frozen = _pending_ids(client, stream, "slow-a")
-        written_before = client.xlen(results)
-        assert frozen and written_before == 0, "A finished its window before the freeze (box too fast?)"
-        t_frozen = time.monotonic()
+        assert len(frozen) == batch and client.xlen(results) == 0
         push(client, stream, tickets)
         b.signal(signal.SIGCONT)
         # B classifies everything, A's frozen window included (after claim_idle_ms of idleness)
@@ -97,13 +77,11 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
             interval_s=0.5,
             what="B to finish every ticket, the frozen ones included",
         )
-        assert time.monotonic() - t_frozen > claim_idle_ms / 1000
         assert not _pending_ids(client, stream, "slow-a")
         a.signal(signal.SIGCONT)
         a.wait_for(
             lambda e: e.get("event") in ("window", "window_dropped"), timeout_s=120
         )  # A finished the window it held (written or dropped)
-        time.sleep(0.5)
         assert a.stop() == 0, a.stderr_tail()
         assert b.stop() == 0, b.stderr_tail()
 
