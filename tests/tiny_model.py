@@ -75,6 +75,20 @@ def build_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 6
     return path
 
 
+def edited_model(src: Path, dst: Path, edit_embeddings) -> Path:
+    """``src``'s causal LM saved to ``dst`` with ``edit_embeddings(weight)`` applied in place to its input
+    embeddings, untied from the LM head first (only the input changes): an overflow or broken weights, on purpose."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, tie_word_embeddings=False)
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.clone())
+        edit_embeddings(model.get_input_embeddings().weight)
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return Path(dst)
+
+
 def build_bert_tokenizer():
     """A WordPiece tokenizer (BERT style: lower case, [CLS] ... [SEP]) trained on the tiny corpus."""
     from tokenizers import normalizers, processors

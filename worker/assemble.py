@@ -71,62 +71,10 @@ def build_classifier(
     encoder: LoadedModel | None = None,
 ) -> Classifier:
     """The classifier these settings describe; ``loaded`` (and ``encoder``, for ``TRIAGE_ENCODER``) share already
-    loaded models, ``task`` replaces the configured one (eval and bench prompt variants).
-
-    ``TRIAGE_DTYPE=auto`` picks fp16 on a GPU; a model whose activations pass fp16's range (65,504: NaN or inf
-    scores, every ticket dead-lettered) is built again in ``safer_dtype`` here, found by one probe ticket. A dtype
-    set by hand, or models passed in, are kept as they are."""
-    from worker.engine.results import NonFiniteScores
-
-    warn_deprecated_env()
-    auto_fp16 = loaded is None and encoder is None and _auto_picks_fp16(settings)
-    try:
-        clf = _build(settings, loaded, task, encoder)
-        if auto_fp16:
-            clf.classify([first_valid(clf, PROBE_TICKETS)])
-        return clf
-    except NonFiniteScores as e:
-        if not auto_fp16:
-            raise
-        safer = safer_dtype(settings.device)
-        fix = "set TRIAGE_DTYPE to choose"
-        log.warning("dtype_fallback", extra={"dtype": "fp16", "instead": safer, "why": f"overflows: {e}", "fix": fix})
-        return _build(settings.model_copy(update={"dtype": safer}), None, task, None)
-
-
-# Ordinary tickets (the first within the token limit is used; "x" where truncation is off and the limit tight):
-# the start-up warm-up, and the fp16 probe (an overflow that fails it fails every ticket: weights or prompt states).
-PROBE_TICKETS = ("warm-up ticket: the first real batch should not pay for lazy init", "x")
-
-
-def first_valid(clf: Classifier, texts) -> Any:
-    """The first of ``texts`` this classifier accepts, prepared."""
-    from worker.engine.types import InvalidTicket
-
-    return next(p for p in clf.prepare(texts) if not isinstance(p, InvalidTicket))
-
-
-def _auto_picks_fp16(settings: Settings) -> bool:
-    import torch
-
-    from worker.engine.device import pick_device, pick_dtype
-
-    return settings.dtype == "auto" and pick_dtype(pick_device(settings.device), "auto") == torch.float16
-
-
-def safer_dtype(requested_device: str) -> str:
-    """What auto falls back to from fp16: bf16 (fp32's range) where the GPU has it, else fp32."""
-    import torch
-
-    from worker.engine.device import pick_device
-
-    on_cuda = pick_device(requested_device).type == "cuda"
-    return "bf16" if on_cuda and torch.cuda.is_bf16_supported() else "fp32"
-
-
-def _build(settings: Settings, loaded, task, encoder) -> Classifier:
+    loaded models, ``task`` replaces the configured one (eval and bench prompt variants)."""
     from worker.engine.classifier import Classifier, backbone_name
 
+    warn_deprecated_env()
     loaded, encoder = backbones(settings, loaded, encoder)
     task = task or task_from_settings(settings)
     name = backbone_name(loaded, encoder)
@@ -178,7 +126,11 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     """Threads, device, dtype, weights: the one call of ``load_model`` (``name``: another model, e.g. the encoder).
 
     No hub calls once the model and the encoder (and ``name``) are all local or cached; while one of them needs
-    the hub, it stays as the user set it (HF_HUB_OFFLINE), so that one can download."""
+    the hub, it stays as the user set it (HF_HUB_OFFLINE), so that one can download.
+
+    ``TRIAGE_DTYPE=auto`` picks fp16 on a GPU; a model whose outputs are not finite in fp16 (``dtype_check``: every
+    ticket would be dead-lettered) is loaded again in bf16 (fp32 without it), logged (``dtype_fallback``). A dtype
+    set by hand is kept."""
     import torch
 
     from worker.engine.device import pick_device, pick_dtype, pick_threads, pick_tokenize_threads, set_tokenize_threads
@@ -190,7 +142,37 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
         torch.set_num_threads(threads)
     set_tokenize_threads(pick_tokenize_threads(settings.tokenize_threads))  # before anything tokenizes
-    return load_model(name or settings.model, device, pick_dtype(device, settings.dtype), settings.cache_dir)
+    dtype = pick_dtype(device, settings.dtype)
+    loaded = load_model(name or settings.model, device, dtype, settings.cache_dir)
+    if settings.dtype == "auto" and dtype == torch.float16:
+        loaded = _in_range(loaded, settings, name or settings.model, device)
+    return loaded
+
+
+def _in_range(loaded: LoadedModel, settings: Settings, name: str, device) -> LoadedModel:
+    """``loaded`` (fp16, auto's choice) if its outputs are finite, else the same model loaded in the safer dtype; the
+    fp16 copy freed first (a model that nearly fills the GPU must not hold both)."""
+    import gc
+
+    import torch
+
+    from worker.engine.device import DTYPES
+    from worker.engine.dtype_check import outputs_finite, safer_dtype
+    from worker.engine.loader import load_model
+
+    if outputs_finite(loaded):
+        return loaded
+    safer = safer_dtype(device)
+    why = "its outputs over a probe sentence are not finite in fp16 (NaN or inf: past fp16's range)"
+    log.warning("dtype_fallback", extra={"model": name, "dtype": "fp16", "instead": safer, "why": why})
+    del loaded
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    loaded = load_model(name, device, DTYPES[safer], settings.cache_dir)
+    if not outputs_finite(loaded):
+        raise ValueError(f"{name}: the model's outputs are not finite in {safer} either (NaN or inf): broken weights?")
+    return loaded
 
 
 # Per-pass caps on a CUDA device when TRIAGE_PASS_* are not set: a window becomes a few large passes.

@@ -15,16 +15,18 @@ from typing import Any
 def start_model(settings, log) -> tuple[Any, dict[str, Any]]:
     """(classifier, facts for the ready log line: load_ms, torch_threads, tokenize_threads, pass_overhead_tokens,
     cuda_graphs_warm_up)."""
-    from worker.assemble import PROBE_TICKETS, build_classifier, first_valid
+    from worker.assemble import build_classifier
     from worker.engine.device import tokenize_threads
+    from worker.engine.types import InvalidTicket
     from worker.logs import route_transformers_logs
 
     route_transformers_logs()
     t0 = time.perf_counter()
     clf = build_classifier(settings)
-    # the first real batch should not pay for lazy init; a ticket within a tight token limit with truncation off
-    # (a warm-up refused like a ticket stopped the worker with a traceback)
-    clf.classify([first_valid(clf, PROBE_TICKETS)])
+    # the first real batch should not pay for lazy init; "x" where the sentence is over a tight token limit with
+    # truncation off (a warm-up refused like a ticket stopped the worker with a traceback)
+    texts = ["warm-up ticket: the first real batch should not pay for lazy init", "x"]
+    clf.classify([next(p for p in clf.prepare(texts) if not isinstance(p, InvalidTicket))])
     graphs = warm_graphs(clf, log) if settings.cuda_graph_warm_up else None
     return clf, {
         "load_ms": round((time.perf_counter() - t0) * 1000),

@@ -90,8 +90,8 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto = CUDA, then MPS, then CPU.")
     dtype: Literal["auto", "fp16", "bf16", "fp32"] = Field(
         "auto",
-        description="auto = fp16 on GPU (bf16, else fp32, where a probe ticket at start-up overflows fp16 on the "
-        "model); on CPU bf16 if measured faster than fp32, else fp32.",
+        description="auto = fp16 on GPU (bf16, else fp32, where the model's outputs over a probe sentence at load "
+        "overflow fp16); on CPU bf16 if measured faster than fp32, else fp32.",
     )
     torch_threads: int | Literal["auto"] = Field(
         "auto",

@@ -19,9 +19,10 @@ from urllib.parse import urlparse
 
 import pytest
 import redis
-import torch
+from transformers import AutoTokenizer
 
 from tests.tcp_proxy import TcpProxy
+from tests.tiny_model import edited_model
 from tests.worker_proc import REPO, delete_keys, env_with, make_env, outcomes, run_cli, start_worker, wait_settled
 from worker.stream.scripts import settle_script
 
@@ -341,22 +342,6 @@ def test_claimed_entries_deleted_from_the_stream_count_in_the_workers_totals(tri
     assert sum(s["dead_lettered"] for s in w.events("summary")) == 1
 
 
-def _overflowing_model(src, dst, poison_text: str):
-    """``src``'s tiny model with the input embedding of ``poison_text``'s first token set to inf (untied from
-    the LM head), as an fp16 overflow would: a ticket holding that token gets NaN scores, no other ticket does."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, tie_word_embeddings=False)
-    token = tok(poison_text, add_special_tokens=False)["input_ids"][0]
-    with torch.no_grad():
-        model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.clone())
-        model.get_input_embeddings().weight[token] = float("inf")
-    model.save_pretrained(dst)
-    tok.save_pretrained(dst)
-    return token
-
-
 def test_a_pass_the_model_fails_is_split_and_only_the_failing_tickets_are_dead_lettered(
     triage_env, redis_url, tmp_path
 ):
@@ -365,7 +350,8 @@ def test_a_pass_the_model_fails_is_split_and_only_the_failing_tickets_are_dead_l
     it (nothing to split) is dead-lettered too. Each failed pass has its ``pass_failed_split`` line (a 1-ticket
     one had none) and the worker drains on to exit 0."""
     poison = "\u01c2"  # a byte (0xC7) in no prompt, example or warm-up sentence
-    token = _overflowing_model(triage_env["TRIAGE_MODEL"], tmp_path / "overflowing", poison)
+    token = AutoTokenizer.from_pretrained(triage_env["TRIAGE_MODEL"])(poison, add_special_tokens=False)["input_ids"][0]
+    edited_model(triage_env["TRIAGE_MODEL"], tmp_path / "overflowing", lambda emb: emb[token].fill_(float("inf")))
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     clean = "my parcel is late and the invoice is wrong, please help"
     first = push(r, triage_env, 3, "ovf-a", text=clean) + push(r, triage_env, 1, "ovf-b", text=f"{clean} {poison}")
