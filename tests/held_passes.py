@@ -1,7 +1,7 @@
 """Imported into a worker process before it starts (``TRIAGE_TEST_PRELOAD=tests.held_passes``: tests.zygote and
 tests.run_worker): every forward pass of the real engine once the model has started (not the start-up's own passes:
 warm-up, a head fitted on the task's examples) is held before it runs, as a long pass on a slow device would be,
-whatever this CPU's speed:
+whatever this CPU's speed (``tests.holds.hold``):
 
 * ``TRIAGE_TEST_PASS_HOLD_S``: for that many seconds;
 * ``TRIAGE_TEST_PASS_HOLD_UNTIL``: until that Redis key exists (at most ten minutes);
@@ -13,22 +13,45 @@ not by the box being slow enough; the pass itself then runs unchanged, as ``Held
 from __future__ import annotations
 
 import os
-import time
 
 import redis
 
+from tests.holds import hold
 from worker import model_start
 from worker.engine.classifier import Classifier
 
 _scores, _start_model = Classifier._scores, model_start.start_model
 _started = False
+_holding = False  # a pass's scores computed ticket by ticket call _scores again: held once
 
 
 def _held_scores(self, items, *args, **kwargs):
     """Inside the pass's own clock (``launch_pass``'s timer): its ``infer_ms`` counts the hold, as a slow device's."""
-    if _started:
+    global _holding
+    if not _started or _holding:
+        return _scores(self, items, *args, **kwargs)
+    _holding = True
+    try:
         _hold(len(items))
-    return _scores(self, items, *args, **kwargs)
+        return _scores(self, items, *args, **kwargs)
+    finally:
+        _holding = False
+
+
+def _hold(n: int) -> None:
+    env = os.environ
+    client = redis.Redis.from_url(env["TRIAGE_REDIS_URL"])
+    try:
+        seconds = float(env["TRIAGE_TEST_PASS_HOLD_S"]) if "TRIAGE_TEST_PASS_HOLD_S" in env else None
+        hold(
+            client,
+            mark_key=env.get("TRIAGE_TEST_PASS_MARK"),
+            mark_value=n,
+            until_key=env.get("TRIAGE_TEST_PASS_HOLD_UNTIL"),
+            seconds=seconds,
+        )
+    finally:
+        client.close()
 
 
 def _start_then_hold(*args, **kwargs):
@@ -36,25 +59,6 @@ def _start_then_hold(*args, **kwargs):
     out = _start_model(*args, **kwargs)
     _started = True
     return out
-
-
-def _hold(n: int) -> None:
-    env = os.environ
-    client = (
-        redis.Redis.from_url(env["TRIAGE_REDIS_URL"])
-        if "TRIAGE_TEST_PASS_MARK" in env or "TRIAGE_TEST_PASS_HOLD_UNTIL" in env
-        else None
-    )
-    if "TRIAGE_TEST_PASS_MARK" in env:
-        client.set(env["TRIAGE_TEST_PASS_MARK"], n, ex=600)
-    if "TRIAGE_TEST_PASS_HOLD_S" in env:
-        time.sleep(float(env["TRIAGE_TEST_PASS_HOLD_S"]))
-    if "TRIAGE_TEST_PASS_HOLD_UNTIL" in env:
-        deadline = time.monotonic() + 600
-        while not client.exists(env["TRIAGE_TEST_PASS_HOLD_UNTIL"]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    if client is not None:
-        client.close()
 
 
 Classifier._scores = _held_scores

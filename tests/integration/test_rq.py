@@ -27,6 +27,7 @@ from rq.serializers import JSONSerializer
 
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from tests import zygote
+from tests.holds import hold
 from tests.metrics_scrape import scrape
 from worker import rq_jobs
 from worker.bench.redis_mode import log_events
@@ -61,10 +62,8 @@ class HeldPassBatchWorker(BatchWorker):
 
     def _classify(self, entries):
         queue = self.queue_names()[0]
-        self.connection.set(queue + ":in-pass", ",".join(e.job.id for e in entries), ex=600)
-        deadline = time.monotonic() + 600
-        while not self.connection.exists(queue + ":release") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        ids = ",".join(e.job.id for e in entries)
+        hold(self.connection, mark_key=queue + ":in-pass", mark_value=ids, until_key=queue + ":release")
         return super()._classify(entries)
 
 

@@ -26,11 +26,15 @@ text = st.text(max_size=120).filter(_encodable)
 extra = st.dictionaries(text.filter(lambda k: k not in ("id", "stream_id")), text, max_size=6)
 
 
-def _sink(client: redis.Redis, ns: str) -> ResultSink:
+def _sink(
+    client: redis.Redis, ns: str, *, stream: str = "in", group: str = "g", consumer: str | None = None
+) -> ResultSink:
+    """A sink on streams under ``ns``; ``consumer``: ownership-checked writes, as a worker's window makes."""
     return ResultSink(
         client,
-        input_stream=ns + "in",
-        group="g",
+        input_stream=ns + stream,
+        group=group,
+        consumer=consumer,
         results_stream=ns + "results",
         dead_letter_stream=ns + "dead",
         result_key_prefix=ns + "result:",

@@ -379,20 +379,22 @@ def test_a_cold_shutdown_releases_the_heartbeat_and_leaves_the_window_pending(tr
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     consumer = f"cold-{uuid.uuid4().hex[:6]}"
     key = triage_env["TRIAGE_HEARTBEAT_KEY_PREFIX"] + consumer
+    marked = triage_env["TRIAGE_RESULT_KEY_PREFIX"] + "in-pass"
     env = env_with(
         triage_env,
         TRIAGE_CONSUMER=consumer,
         TRIAGE_HEARTBEAT_TTL_S=60,
         TRIAGE_WINDOW_MAX_ITEMS=64,
         TRIAGE_PASS_MAX_ITEMS=64,
-        TRIAGE_PASS_MAX_TOKENS=10**6,
-        TRIAGE_MAX_INPUT_TOKENS=512,
         TRIAGE_MAX_WAIT_MS=0,
+        TRIAGE_TEST_PRELOAD="tests.held_passes",  # its pass held (never released): the window stays in hand
+        TRIAGE_TEST_PASS_MARK=marked,
+        TRIAGE_TEST_PASS_HOLD_UNTIL=triage_env["TRIAGE_RESULT_KEY_PREFIX"] + "never",
     )
-    push(r, triage_env, 64, "cold", text="my parcel is late and the invoice is wrong, please help me " * 30)
-    with start_worker(env) as w:  # one window, one pass of 64 x 512 tokens: over a second on a 2-core box
+    push(r, triage_env, 64, "cold")
+    with start_worker(env) as w:
         deadline = time.monotonic() + 60
-        while own_pending(r, triage_env, consumer) < 64 and time.monotonic() < deadline:  # the window in hand
+        while not r.exists(marked) and time.monotonic() < deadline:  # the window in hand, in its pass
             time.sleep(0.01)
         w.signal(signal.SIGTERM)
         w.wait_for("warm_shutdown")

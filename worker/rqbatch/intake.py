@@ -134,8 +134,15 @@ def left_as_done(worker: BaseWorker, job: Job, queue: Queue, listed: bool, op: s
     status = job.get_status(refresh=False)
     if status not in DONE:
         return False
-    if listed:
-        worker.until_written(lambda: worker.connection.lrem(queue.intermediate_queue_key, 1, job.id), op=op)
+    if listed:  # off the list, with RQ's first sighting of it there (as every job leaving it: ``hold``, the start)
+
+        def unlist() -> None:
+            with worker.connection.pipeline() as pipe:
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
+                pipe.execute()
+
+        worker.until_written(unlist, op=op)
     note = "already done: not run again"
     worker.tlog.warning("rq_job_queued_twice", job_id=job.id, queue=queue.name, status=status.value, note=note)
     return True

@@ -306,10 +306,11 @@ class Keeper(threading.Thread):
         if self.lost is not None and self.on_lost is not None:
             self.on_lost(self.lost)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
         self._stop_evt.set()
         self._wake.set()
-        self.join(timeout=5)
+        if self.is_alive():
+            self.join(timeout=timeout_s)
 
 
 def _number(value: object) -> float:

@@ -7,6 +7,7 @@ not after the model has loaded (seconds to minutes).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -70,7 +71,6 @@ def start(settings, *, drain: bool) -> Started | int:
     )
     if not _claim_name(heartbeat, shutdown, log):
         return EXIT_CONFIG
-    shutdown.before_cold_exit = partial(_release_at_once, settings.redis_url, heartbeat)
     if shutdown.stop.is_set():  # a signal while a dead holder's key was waited out
         log.info("worker_stopped", reason=shutdown.reason or "stopped", windows=0, items=0, dead_lettered=0)
         return EXIT_OK
@@ -83,6 +83,7 @@ def start(settings, *, drain: bool) -> Started | int:
         on_lost=lambda holder: _name_lost(holder, shutdown, log),
     )
     keeper.start()  # phase "starting" while the model loads
+    shutdown.before_cold_exit = partial(_release_at_once, settings.redis_url, heartbeat, keeper)
     try:
         clf = _load_model(settings, log)
     except BaseException:
@@ -99,14 +100,32 @@ def start(settings, *, drain: bool) -> Started | int:
     return Started(client, source, shutdown, log, status, heartbeat, keeper, clf)
 
 
-def _release_at_once(url: str, heartbeat: Heartbeat) -> None:
-    """A cold exit's heartbeat release (compare-and-delete): on a client of its own with short timeouts, since the
-    signal may have interrupted the main thread inside the worker's client (its pool's lock held)."""
-    client = connect(url, socket_timeout_s=0.5, connect_timeout_s=0.5)
-    try:
-        release_script(client, [heartbeat.key], [heartbeat.instance])
-    finally:
-        client.close()
+def _release_at_once(url: str, heartbeat: Heartbeat, keeper: Keeper, within_s: float = 1.0) -> None:
+    """A cold exit's heartbeat release (compare-and-delete), at most ``within_s`` of it: the keeper stopped first (a
+    beat after the release would write the key again), then the release on a client of its own, from a thread of its
+    own (the signal may have interrupted the main thread inside the worker's client, its pool's lock held; a name
+    lookup or a slow Redis is not bounded by socket timeouts)."""
+    deadline = time.monotonic() + within_s
+    keeper.stop(timeout_s=within_s / 2)
+
+    failed: list[Exception] = []
+
+    def release() -> None:
+        client = connect(url, socket_timeout_s=0.5, connect_timeout_s=0.5)
+        try:
+            release_script(client, [heartbeat.key], [heartbeat.instance])
+        except Exception as e:  # noqa: BLE001 - said by the caller's log line, not a thread's traceback
+            failed.append(e)
+        finally:
+            client.close()
+
+    t = threading.Thread(target=release, name="cold-exit-release", daemon=True)
+    t.start()
+    t.join(max(deadline - time.monotonic(), 0.1))
+    if t.is_alive():
+        raise TimeoutError(f"Redis did not take the heartbeat's release within {within_s:g} s")
+    if failed:
+        raise failed[0]
 
 
 def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
