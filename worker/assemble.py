@@ -131,9 +131,20 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     ``TRIAGE_DTYPE=auto`` picks fp16 on a GPU; a model whose outputs are not finite in fp16 (``dtype_check``: every
     ticket would be dead-lettered) is loaded again in bf16 (fp32 without it), logged (``dtype_fallback``). A dtype
     set by hand is kept."""
+    import gc
+
     import torch
 
-    from worker.engine.device import pick_device, pick_dtype, pick_threads, pick_tokenize_threads, set_tokenize_threads
+    from worker.engine.device import (
+        DTYPES,
+        dtype_name,
+        pick_device,
+        pick_dtype,
+        pick_threads,
+        pick_tokenize_threads,
+        set_tokenize_threads,
+    )
+    from worker.engine.dtype_check import outputs_finite, safer_dtype
     from worker.engine.loader import load_model
     from worker.engine.sources import go_offline_if_local
 
@@ -142,37 +153,22 @@ def load(settings: Settings, name: str | None = None) -> LoadedModel:
     if (threads := pick_threads(settings.torch_threads, device)) is not None:  # before the dtype probe
         torch.set_num_threads(threads)
     set_tokenize_threads(pick_tokenize_threads(settings.tokenize_threads))  # before anything tokenizes
+    model = name or settings.model
     dtype = pick_dtype(device, settings.dtype)
-    loaded = load_model(name or settings.model, device, dtype, settings.cache_dir)
-    if settings.dtype == "auto" and dtype == torch.float16:
-        loaded = _in_range(loaded, settings, name or settings.model, device)
-    return loaded
-
-
-def _in_range(loaded: LoadedModel, settings: Settings, name: str, device) -> LoadedModel:
-    """``loaded`` (fp16, auto's choice) if its outputs are finite, else the same model loaded in the safer dtype; the
-    fp16 copy freed first (a model that nearly fills the GPU must not hold both)."""
-    import gc
-
-    import torch
-
-    from worker.engine.device import DTYPES
-    from worker.engine.dtype_check import outputs_finite, safer_dtype
-    from worker.engine.loader import load_model
-
-    if outputs_finite(loaded):
-        return loaded
-    safer = safer_dtype(device)
-    why = "its outputs over a probe sentence are not finite in fp16 (NaN or inf: past fp16's range)"
-    log.warning("dtype_fallback", extra={"model": name, "dtype": "fp16", "instead": safer, "why": why})
-    del loaded
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    loaded = load_model(name, device, DTYPES[safer], settings.cache_dir)
-    if not outputs_finite(loaded):
-        raise ValueError(f"{name}: the model's outputs are not finite in {safer} either (NaN or inf): broken weights?")
-    return loaded
+    # auto's fp16 (a GPU) is probed, and the safer dtype then loaded and probed in turn; any other choice is kept
+    tries = [dtype, DTYPES[safer_dtype(device)]] if settings.dtype == "auto" and dtype == torch.float16 else [dtype]
+    for k, dtype in enumerate(tries):
+        loaded = load_model(model, device, dtype, settings.cache_dir)
+        if len(tries) == 1 or outputs_finite(loaded):
+            return loaded
+        if k + 1 < len(tries):
+            instead, why = dtype_name(tries[k + 1]), "its outputs are not finite in fp16 (NaN or inf: past its range)"
+            log.warning("dtype_fallback", extra={"model": model, "dtype": "fp16", "instead": instead, "why": why})
+        del loaded  # this frame holds the only reference: the fp16 copy is freed before the next one loads
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    raise ValueError(f"{model}: its outputs are not finite in {dtype_name(dtype)} either (NaN or inf): broken weights?")
 
 
 # Per-pass caps on a CUDA device when TRIAGE_PASS_* are not set: a window becomes a few large passes.

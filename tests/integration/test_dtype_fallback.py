@@ -79,3 +79,16 @@ def test_a_dtype_set_by_hand_is_kept_and_auto_is_unchanged_off_gpu(out_of_fp16_r
     clf = build_classifier(settings(out_of_fp16_range, tmp_path, dtype="fp16"))  # no probe: the user's choice
     assert clf.dtype_name == "fp16"
     assert build_classifier(settings(out_of_fp16_range, tmp_path)).dtype_name in ("bf16", "fp32")  # CPU auto
+
+
+def test_an_overflow_on_the_chat_format_alone_is_found(tiny_model_dir, tmp_path, auto_is_fp16):
+    """Only ``<|im_start|>``'s embedding is out of range: no ticket holds it, every prompt does. The probe is in
+    the chat format, so it is found at load (a bare sentence missed it, and the start-up warm-up then failed)."""
+    from transformers import AutoTokenizer
+
+    start = AutoTokenizer.from_pretrained(tiny_model_dir).convert_tokens_to_ids("<|im_start|>")
+    model = edited_model(tiny_model_dir, tmp_path / "sink", lambda emb: emb[start].mul_(1e6))
+    with pytest.raises(NonFiniteScores):  # the premise: in fp16 every ticket's scores are NaN
+        build_classifier(settings(model, tmp_path, dtype="fp16")).classify_texts(TICKETS)
+    clf = build_classifier(settings(model, tmp_path))
+    assert clf.dtype_name == "fp32" and all(p.label in clf.labels for p in clf.classify_texts(TICKETS))

@@ -680,7 +680,10 @@ def test_a_copy_of_a_job_already_done_met_in_a_later_batch_is_not_run_again(rq_s
     fresh = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[2])
     h.jobs.append(fresh)
     h.conn.rpush(h.queue.key, done.id, canceled.id)  # behind a fresh job: the batch's fill takes them
+    first_seen = h.queue.intermediate_queue.get_first_seen_key(done.id)
+    h.conn.set(first_seen, 1)  # RQ's sighting of it in the intermediate list, from an earlier listing
     _run_to_exit(h)
+    assert not h.conn.exists(first_seen)
     _assert_labelled(h, [done, fresh])
     assert len(_fetch(h, done).results()) == 1 and _fetch(h, canceled).get_status() == JobStatus.CANCELED
     assert h.conn.llen(h.queue.key) == 0 and h.conn.llen(h.queue.intermediate_queue_key) == 0

@@ -55,15 +55,17 @@ class Shutdown:
             self.log.info("warm_shutdown", signal=name, note="finishing the batch in hand; send again to exit at once")
             self.request(f"signal {name}")
             return
-        self.log.warning("cold_shutdown", signal=name, note="exiting now; unacked entries stay pending for reclaim")
-        if self.before_cold_exit is not None:
-            try:
-                self.before_cold_exit()
-            except Exception as e:  # noqa: BLE001 - exiting anyway: the heartbeat then expires by its TTL
-                self.log.warning("cold_shutdown_release_failed", error=f"{type(e).__name__}: {e}")
-        for stream in (sys.stderr, sys.stdout):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(128 + signum)
+        try:  # whatever happens here (a log write interrupted mid-write raises "reentrant call"), the exit happens
+            self.log.warning("cold_shutdown", signal=name, note="exiting now; unacked entries stay pending for reclaim")
+            if self.before_cold_exit is not None:
+                try:
+                    self.before_cold_exit()
+                except Exception as e:  # noqa: BLE001 - exiting anyway: the heartbeat then expires by its TTL
+                    self.log.warning("cold_shutdown_release_failed", error=f"{type(e).__name__}: {e}")
+            for stream in (sys.stderr, sys.stdout):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+        finally:
+            os._exit(128 + signum)
