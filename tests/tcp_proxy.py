@@ -7,6 +7,7 @@ Real sockets, real failures, no mocks, and no need to restart the (shared) Redis
         proxy.drop_at(b"EXEC", after=False)  # next MULTI/EXEC never reaches Redis: connection reset
         proxy.drop_at(b"EXEC", after=True)   # next EXEC runs on Redis, but its reply is lost
         proxy.drop_at(b"EXEC", after=True, late=True)  # ...and only when the client sends EXEC again, just before
+        proxy.drop_at(b"XLEN", after=False, outage=True)  # next XLEN: an outage begins (cut) until restore()
         proxy.cut(); ...; proxy.restore()    # outage: every connection reset, new ones refused
 """
 
@@ -23,7 +24,8 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
-        self._triggers: list[tuple[bytes, bool, bytes | None, int]] = []  # (pattern, after, late's release, skip)
+        self._triggers: list[tuple[bytes, bool, bytes | None, int, bool]] = []  # (pattern, after, late's release,
+        # skip, outage)
         self._held: tuple[bytes, socket.socket, bytes, int] | None = None  # a late command: (release, server, data,
         # releasing commands still to let through first)
         self.triggered = threading.Event()  # every armed trigger fired
@@ -44,20 +46,22 @@ class TcpProxy:
         first_arg: bytes | None = None,
         late: bool | bytes = False,
         late_skip: int = 0,
+        outage: bool = False,
     ) -> None:
         """One shot: when a client sends ``command`` (e.g. b"EXEC"; with ``first_arg``, only that call of it, e.g.
         one script's EVALSHA), reset that client's connection, forwarding the command to Redis first if ``after``
         (so it runs but the reply is lost). ``late`` (with ``after``): it reaches Redis, on its own connection, only
         when a client sends ``command`` again (or the command ``late`` names), just before that: a try stuck in the
         network, landing under the retry that followed its lost reply; ``late_skip``: that many of those pass first.
-        Armed together, several fire in turn. Matched within one read of a client's data: the tests' transactions
-        are small (redis-py sends one past ~6 KB in several writes, and its EXEC might not be in the read that
-        fires)."""
+        ``outage`` (without ``after``): the command is not sent and every connection is cut, new ones refused, until
+        ``restore()``: Redis gone at that very point of a client's work. Armed together, several fire in turn.
+        Matched within one read of a client's data: the tests' transactions are small (redis-py sends one past ~6 KB
+        in several writes, and its EXEC might not be in the read that fires)."""
         self.triggered.clear()
         self.released.clear()
         release = _pattern(late if isinstance(late, bytes) else command) if late else None
         with self._lock:
-            self._triggers.append((_pattern(command, first_arg), after, release, late_skip))
+            self._triggers.append((_pattern(command, first_arg), after, release, late_skip, outage))
 
     def cut(self) -> None:
         """Reset every connection and refuse new ones until ``restore()``."""
@@ -125,7 +129,11 @@ class TcpProxy:
                 break
             trigger = self._fired(data) if from_client else None
             if trigger is not None:
-                _, after, release, skip = trigger
+                _, after, release, skip, outage = trigger
+                if outage:
+                    self.cut()
+                    self._fire_done()
+                    break
                 if after and release is not None:
                     with self._lock:  # before the reset: the client's retry may come at once
                         self._held = (release, dst, data, skip)
@@ -156,7 +164,7 @@ class TcpProxy:
             self._held = None
             return held
 
-    def _fired(self, data: bytes) -> tuple[bytes, bool, bytes | None, int] | None:
+    def _fired(self, data: bytes) -> tuple[bytes, bool, bytes | None, int, bool] | None:
         upper = data.upper()
         with self._lock:
             for trigger in self._triggers:

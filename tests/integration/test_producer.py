@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import urlparse
 
 import pytest
 import redis
@@ -21,6 +22,7 @@ import redis
 from producer import BacklogFull, InvalidTicket, ProducerSettings, Result, Submitted, TriageClient, ticket_fields
 from producer.cli import main as cli_main
 from producer.local_redis import answers, demo_redis, local_redis_server
+from tests.tcp_proxy import TcpProxy
 from tests.worker_proc import start_worker
 from worker.engine.classifier import Prediction
 from worker.settings import Settings
@@ -220,20 +222,17 @@ def test_replies_that_mix_ids_and_refusals_say_which_were_refused(settings, monk
     assert "1 refused, not sent: b" in _partial(e)
 
 
-def test_a_redis_error_part_way_through_a_send_says_what_was_sent(r, settings, monkeypatch):
-    """Redis lost between two chunks: the next backlog check raises, with what the call had sent."""
-    client = TriageClient(settings.model_copy(update={"submit_chunk_size": 2}))
-    checks = []
-
-    def backlog():
-        checks.append(1)
-        if len(checks) == 2:
-            raise redis.ConnectionError("Connection reset by peer")
-        return 0
-
-    monkeypatch.setattr(client, "backlog", backlog)
-    with pytest.raises(redis.ConnectionError) as lost:
-        client.submit_many([{"text": f"t{i}", "id": f"L-{i}"} for i in range(5)])
+def test_a_redis_error_part_way_through_a_send_says_what_was_sent(r, settings, redis_url):
+    """Redis lost between two chunks (a real outage, through a proxy, at the second chunk's backlog check: its
+    first XLEN): the call raises, with what it had sent."""
+    host, port = urlparse(redis_url).hostname, urlparse(redis_url).port
+    with TcpProxy(host, port) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/{urlparse(redis_url).path.lstrip('/') or 0}"
+        client = TriageClient(settings.model_copy(update={"submit_chunk_size": 2, "redis_url": url}))
+        proxy.drop_at(b"XLEN", after=False, outage=True)  # the first chunk's check meets no stream: no XLEN
+        with pytest.raises(redis.ConnectionError) as lost:
+            client.submit_many([{"text": f"t{i}", "id": f"L-{i}"} for i in range(5)])
+        assert proxy.triggered.is_set()
     assert [s.ticket_id for s in lost.value.submitted] == ["L-0", "L-1"] and lost.value.unconfirmed == []
     assert r.xlen(settings.input_stream) == 2
 
