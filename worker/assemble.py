@@ -114,11 +114,27 @@ def backbones(
     settings: Settings, loaded: LoadedModel | None = None, encoder: LoadedModel | None = None
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """The model ``TRIAGE_MODEL`` names and the encoder ``TRIAGE_ENCODER`` joins (None without one), each
-    loaded unless given."""
+    loaded unless given. Loaded here with ``TRIAGE_DTYPE=auto``, both serve in one dtype: where one fell back from
+    fp16 (``load``), the other is loaded in that dtype too (joined features, and the one dtype that names, caches
+    and the bench's Redis mode carry)."""
+    import torch
+
+    from worker.engine.device import dtype_name
+
+    own = loaded is None, encoder is None
     if loaded is None:
         loaded = load(settings)
     if encoder is None and settings.encoder:
         encoder = load(settings, settings.encoder)
+    if encoder is not None and all(own) and settings.dtype == "auto" and encoder.model.dtype != loaded.model.dtype:
+        lm_fell_back = loaded.model.dtype != torch.float16
+        pinned = settings.model_copy(update={"dtype": dtype_name((loaded if lm_fell_back else encoder).model.dtype)})
+        if lm_fell_back:
+            encoder = None  # the fp16 copy freed before the next load
+            encoder = load(pinned, settings.encoder)
+        else:
+            loaded = None
+            loaded = load(pinned)
     return loaded, encoder
 
 

@@ -92,3 +92,18 @@ def test_an_overflow_on_the_chat_format_alone_is_found(tiny_model_dir, tmp_path,
         build_classifier(settings(model, tmp_path, dtype="fp16")).classify_texts(TICKETS)
     clf = build_classifier(settings(model, tmp_path))
     assert clf.dtype_name == "fp32" and all(p.label in clf.labels for p in clf.classify_texts(TICKETS))
+
+
+def test_a_joined_encoder_that_falls_back_takes_the_lm_with_it(tiny_model_dir, tiny_bert_dir, tmp_path, auto_is_fp16):
+    """TRIAGE_ENCODER beside the LM: each is probed, and where one falls back both serve in that dtype (one dtype
+    names the classifier, its feature caches and the bench's Redis-mode worker)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(tiny_bert_dir)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(1e6)  # inf in fp16; the embeddings' LayerNorm scales it back
+    model.save_pretrained(tmp_path / "bert")
+    AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(tmp_path / "bert")
+    clf = build_classifier(settings(tiny_model_dir, tmp_path, encoder=str(tmp_path / "bert")))
+    assert (clf.dtype_name, clf.encoder.model.dtype) == ("fp32", torch.float32)
+    assert all(p.label in clf.labels for p in clf.classify_texts(TICKETS))
