@@ -10,6 +10,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -199,7 +200,7 @@ def test_loading_a_local_model_keeps_the_hub_on_for_an_uncached_encoder(hub_on, 
     def fake_load_model(name, device, dtype, cache_dir):
         loader.resolve_source(name, cache_dir)  # the loader's own check (a hub id: cached, or a download)
         offline_at_load[name] = os.environ.get("HF_HUB_OFFLINE")
-        return name
+        return SimpleNamespace(name=name, model=SimpleNamespace(dtype=dtype))  # what backbones reads of a model
 
     monkeypatch.setattr(loader, "load_model", fake_load_model)
     monkeypatch.setattr(sources, "hub_reachable", lambda *a, **k: True)  # as if online: org/other may download
