@@ -17,7 +17,7 @@ from typing import Any
 
 from worker.key_checks import key_name_problems
 from worker.problem import Problem
-from worker.redact import mask_secrets, mask_unparsed_url, unparsed_userinfo, url_userinfo
+from worker.redact import mask_secrets, mask_unparsed_url, register_url_secrets, unparsed_userinfo, url_userinfo
 
 EXIT_CONFIG = 2
 
@@ -136,8 +136,10 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
                 raise ValueError("no host name")
             if not _DB_PATH.match(parts.path or ""):
                 raise ValueError(f"the path must be a database number like /0, not {parts.path!r}")
+        if "#" in url:  # no Redis URL has a fragment: a "#" is a password's, and the host redis-py reads then is not
+            raise ValueError("a '#' in it")
     except ValueError as e:
-        userinfo = url_userinfo(url) or unparsed_userinfo(url) or ""
+        userinfo = unparsed_userinfo(url) or url_userinfo(url) or ""  # the longer reading first: to the last "@"
         # redis-py's own message quotes pieces of what it misread: of the password, when it holds / # ?
         why = (
             "the password holds / # or ?, which end the host part of a URL: percent-encode it "
@@ -293,6 +295,7 @@ def load_settings(settings_cls=None, environ: Mapping[str, str] | None = None, *
         settings = settings_cls(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
         return None, problems + settings_problems(e, settings_cls, environ)
+    register_url_secrets(settings.redis_url)  # from any source: a flag, an override, a variable in any case
     url_problem = redis_url_problem(settings.redis_url)
     if url_problem:
         problems.append(url_problem)

@@ -33,10 +33,10 @@ _URL_USERINFO = re.compile(
 # password=..., ?password=..., &token=..., password='...' (a repr), ssl_password=... (redis-py passes any query
 # parameter on: rediss://...?ssl_password= unlocks the client key): the value up to a separator
 _SECRET_PAIR = re.compile(
-    r"(?P<key>(?<![a-z0-9_])(?:(?:[a-z0-9]+_)*(?:password|passwd|secret)|pwd|pass|token|access_token|api_key|apikey"
-    r"|auth)\s*=\s*)(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
+    r"(?P<key>(?<![a-z0-9_])(?:(?:[a-z0-9]+_)*(?:password|passwd|secret)|pwd|(?<=[?&])pass|token|access_token|api_key"
+    r"|apikey|auth)\s*=\s*)(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
     re.I,
-)
+)  # a bare "pass=" only as a URL's query parameter: the console log's pass=0 (a pass's index) is no secret
 SECRET_QUERY_KEYS = frozenset(
     {"password", "passwd", "pwd", "pass", "secret", "token", "access_token", "api_key", "apikey", "auth"}
 )
@@ -45,6 +45,7 @@ _SECRET_KEY_SUFFIXES = ("_password", "_passwd", "_secret")
 _QUERY_PASSWORD = re.compile(r"[^\s'\"<>]*?[?&]password=[^\s&;#'\"<>]", re.I)
 
 _known: set[str] = set()
+_PIECE_CHARS = 4  # a piece of a password cut at / ? # @ = & masked on its own from this length
 
 
 def is_secret_key(key: str) -> bool:
@@ -115,9 +116,12 @@ def url_secrets(url: str | None) -> list[str]:
     found = {netloc.rsplit("@", 1)[0] if "@" in netloc else None, url_userinfo(url)}
     if found == {None}:  # no user info a URL parser or the mask's shape finds: a scheme with a typo?
         out += loose_secrets(url)
-        greedy = unparsed_userinfo(url) if _unparsed(url) else None
-        if greedy and ":" in greedy:  # a password holding "?x=" (redis://:ab?c=d@host): the port did not parse
-            out += [greedy.split(":", 1)[1], unquote(greedy.split(":", 1)[1])]
+    greedy = unparsed_userinfo(url)  # to the token's last "@", across "?x=" and "#": a password may hold both
+    if greedy and ":" in greedy:  # (redis://:ab?c=d@host; redis://u:Qx7@Rt9?v=Lm3@host, whose query reading is short)
+        password = greedy.split(":", 1)[1]
+        out += [password, unquote(password)]
+        # pieces of it a library may print alone (a port that did not parse, a host read from it)
+        out += [piece for piece in re.split(r"[@:/?#=&]", password) if len(piece) >= _PIECE_CHARS and piece != password]
     has_query_password = any(k.lower() == "password" and v for k, v in _pairs(query))
     for userinfo in found - {None}:
         if ":" not in userinfo and has_query_password:
@@ -191,10 +195,11 @@ def register_url_secrets(url: str | None) -> None:
 
 
 def register_env_secrets(environ: dict | None = None) -> None:
-    """Secrets of every ``*_URL`` variable of the TRIAGE_ family (TRIAGE_REDIS_URL, ...), whatever parses them later."""
+    """Secrets of every ``*_URL`` variable of the TRIAGE_ family (TRIAGE_REDIS_URL, ...), whatever parses them later;
+    in any case (pydantic-settings reads ``triage_redis_url`` too)."""
     env = os.environ if environ is None else environ
     for name, value in env.items():
-        if name.startswith("TRIAGE_") and name.endswith("_URL"):
+        if name.upper().startswith("TRIAGE_") and name.upper().endswith("_URL"):
             register_url_secrets(value)
 
 
@@ -214,6 +219,15 @@ class MaskingArgumentParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors mask secrets: argparse echoes what it could not parse
     (``unrecognized arguments: --redis-url redis://u:PASSWORD@h``), before any secret is registered.
     Subparsers are made of the same class."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Every argument that may hold a URL's secrets is registered before argparse can echo it (a usage error)."""
+        import sys
+
+        for token in sys.argv[1:] if args is None else args:
+            if isinstance(token, str) and ("://" in token or "@" in token):
+                register_url_secrets(token.split("=", 1)[1] if token.startswith("-") and "=" in token else token)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         super().error(mask_secrets(message))

@@ -178,3 +178,22 @@ def test_a_merge_key_still_merges_and_the_mapping_may_override_what_it_brings(tm
     path = tmp_path / "merge.yaml"
     path.write_text("labels: [a, b]\nexamples:\n  - &e {text: hi, label: a}\n  - <<: *e\n    label: b\n")
     assert [(e.text, e.label) for e in load_task_file(path).examples] == [("hi", "a"), ("hi", "b")]
+
+
+@pytest.mark.parametrize(
+    "url, piece",
+    [
+        ("redis://bob:ab@HostLikeFragment#x@127.0.0.1:6394/0", "HostLikeFragment"),  # redis-py's host: a piece
+        ("redis://carol:ab@cd:LongFragmentSecret/x?y=z@127.0.0.1:6394/0", "LongFragmentSecret"),  # urllib's port text
+    ],
+)
+def test_a_password_cut_by_hash_or_query_is_refused_without_echoing_a_piece_of_it(url, piece, monkeypatch):
+    """Both URLs are read with a piece of the password as the host or the port: one passed the check (then every
+    connection error named the piece), the other's problem quoted it."""
+    from worker import redact
+    from worker.preflight import redis_url_problem
+
+    monkeypatch.setattr(redact, "_known", set())
+    problem = redis_url_problem(url)
+    assert problem is not None and "percent-encode" in problem.message
+    assert piece not in problem.message and piece.lower() not in problem.message

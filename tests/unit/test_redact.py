@@ -108,3 +108,37 @@ def test_a_url_with_a_typo_in_its_scheme_still_has_its_password_masked(url):
 def test_a_malformed_url_without_a_password_masks_no_ordinary_word():
     redact.register_url_secrets("redis:/user@h")
     assert redact.mask_secrets("the user logged in") == "the user logged in"
+
+
+# ------------------------------------------------------------ found by an audit: outputs that showed a password
+def test_a_password_holding_an_at_and_a_query_is_masked_whole(capsys):
+    """redis://dave:Qx7@Rt9?v=Lm3Kp8Zs@host: the shape stops at "?v=", so 14 of its 18 characters were printed."""
+    url = "redis://dave:Qx7@Rt9?v=Lm3Kp8Zs@127.0.0.1:6394/0"
+    redact.register_url_secrets(url)
+    assert "Lm3Kp8Zs" not in redact.mask_secrets(f"worker_starting redis_url={url}")
+    # a piece a library prints alone (a port that did not parse, a host read from the password)
+    redact.register_url_secrets("redis://carol:ab@cd:LongFragmentSecret/x?y=z@127.0.0.1:6394/0")
+    assert "LongFragmentSecret" not in redact.mask_secrets("Port could not be cast to 'LongFragmentSecret'")
+
+
+def test_a_lower_case_variable_is_a_secret_too():
+    """pydantic-settings reads triage_redis_url; only TRIAGE_... was registered."""
+    redact.register_env_secrets({"triage_redis_url": 'redis://frank:Fr4nk"Pa55@127.0.0.1:6394/0'})
+    assert "Pa55" not in redact.mask_secrets('redis: redis://frank:Fr4nk"Pa55@127.0.0.1:6394/0 reachable')
+
+
+@pytest.mark.parametrize(
+    "flag", [["--redis-url", 'redis://frank:Fr4nk"Pa55@h:1/0'], ["--redis-url=redis://e:Erin Pa55 w@h/0"]]
+)
+def test_a_usage_error_masks_a_url_the_shapes_do_not_read(flag, capsys):
+    """A quote or a space in the password ends every URL shape: argparse echoed it whole (unrecognized arguments)."""
+    parser = redact.MaskingArgumentParser(prog="t")
+    with pytest.raises(SystemExit):
+        parser.parse_args(flag)
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err and "Pa55" not in err, err
+
+
+def test_a_pass_index_is_no_secret_but_a_pass_parameter_is():
+    assert redact.mask_secrets("event=pass window=3 pass=0 items=64") == "event=pass window=3 pass=0 items=64"
+    assert "hunter2" not in redact.mask_secrets("redis://h:6379/0?pass=hunter2")

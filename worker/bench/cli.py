@@ -123,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from worker.redact import install_excepthook, register_env_secrets
+
+    install_excepthook()  # as the worker's CLI: every output masks the Redis URL's secrets, not only URL shapes
+    register_env_secrets()
+    args = build_parser().parse_args(argv)  # registers the secrets of URLs given as flags
     for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):  # tokenize threads: the worker's setting
         os.environ.setdefault(k, v)
     try:
