@@ -120,8 +120,10 @@ def url_secrets(url: str | None) -> list[str]:
     if greedy and ":" in greedy:  # (redis://:ab?c=d@host; redis://u:Qx7@Rt9?v=Lm3@host, whose query reading is short)
         password = greedy.split(":", 1)[1]
         out += [password, unquote(password)]
-        # pieces of it a library may print alone (a port that did not parse, a host read from it)
-        out += [piece for piece in re.split(r"[@:/?#=&]", password) if len(piece) >= _PIECE_CHARS and piece != password]
+        if _unparsed(url) or "#" in url:  # pieces of it a library may print alone (a port that did not parse, a host
+            # read from it); not for a URL that parses: an "@" in its query (?ssl_ca_certs=/a@b.pem) would make "host"
+            # and the like secrets
+            out += [p for p in re.split(r"[@:/?#=&]", password) if len(p) >= _PIECE_CHARS and p != password]
     has_query_password = any(k.lower() == "password" and v for k, v in _pairs(query))
     for userinfo in found - {None}:
         if ":" not in userinfo and has_query_password:

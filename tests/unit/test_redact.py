@@ -142,3 +142,11 @@ def test_a_usage_error_masks_a_url_the_shapes_do_not_read(flag, capsys):
 def test_a_pass_index_is_no_secret_but_a_pass_parameter_is():
     assert redact.mask_secrets("event=pass window=3 pass=0 items=64") == "event=pass window=3 pass=0 items=64"
     assert "hunter2" not in redact.mask_secrets("redis://h:6379/0?pass=hunter2")
+
+
+def test_an_at_in_a_parsed_urls_query_makes_no_ordinary_word_a_secret():
+    """?ssl_ca_certs=/a@b.pem: the URL parses, so no piece of the long reading is registered ("host" masked in every
+    heartbeat's JSON would break it)."""
+    redact.register_url_secrets("rediss://:pw123@host/0?ssl_ca_certs=/etc/a@b.pem")
+    assert redact.mask_secrets('{"host": "vm", "pid": 1}') == '{"host": "vm", "pid": 1}'
+    assert "pw123" not in redact.mask_secrets("rediss://:pw123@host/0")
