@@ -30,7 +30,13 @@ def local_redis_server(start_timeout_s: float = 10.0) -> Iterator[str]:
 
 @contextlib.contextmanager
 def demo_redis(explicit_url: str | None, configured_url: str | None, log=print) -> Iterator[str]:
-    """``explicit_url`` must answer; else the configured/default URL if it answers; else a private server."""
+    """``explicit_url`` must answer; else the configured/default URL if it answers; else a private server. A URL
+    that is no usable Redis URL is said so (a private server would hide the misconfiguration)."""
+    from worker.preflight import redis_url_problem
+
+    for url, var in ((explicit_url, "--redis-url"), (configured_url, "TRIAGE_REDIS_URL")):
+        if url and (problem := redis_url_problem(url, var=var)) is not None:
+            raise RuntimeError(str(problem))
     if explicit_url:
         if not answers(explicit_url):
             raise RuntimeError(f"no Redis answers at {mask_secrets(explicit_url)}")

@@ -613,6 +613,11 @@ def test_demo_redis_falls_back_to_a_private_server(redis_url):
     with pytest.raises(RuntimeError, match="no Redis answers"):
         with demo_redis("redis://127.0.0.1:1/0", None):
             pass
+    notes.clear()
+    with pytest.raises(RuntimeError, match="TRIAGE_REDIS_URL: is not a usable Redis URL") as bad:  # no fallback
+        with demo_redis(None, "redis://carol:c@r:ol/P#ss?x=1@127.0.0.1:1/0", log=notes.append):
+            pass
+    assert notes == [] and "P#ss" not in str(bad.value)
 
 
 def _answer(r, s, sent, label: str) -> None:
