@@ -2,7 +2,7 @@
 
 Every process that classifies builds through ``build_classifier``: the stream
 worker, the RQ batch worker, ``eval`` / ``fit`` / ``verify`` and ``triage-bench``
-(in-process modes, and its Redis mode through ``settings_to_env``). So the
+(in-process modes, and its Redis mode through ``settings.settings_to_env``). So the
 benchmark measures the worker's engine, not a hand-copied cousin of it. Variants
 (a prompt-scoring eval, a bench thread count) are ``settings.model_copy(update=...)``
 through the same builder.
@@ -36,15 +36,12 @@ is built from it with ``with_scoring`` (same loaded model and prefix cache: chea
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from pydantic import AliasChoices, SecretStr
+from typing import TYPE_CHECKING
 
 from worker.scorer_plan import ScorerPlan, ScoringConfigError, plan_scorer
-from worker.settings import ENV_PREFIX, Settings, deprecated_env_in_use
+from worker.settings import Settings, deprecated_env_in_use
 
 if TYPE_CHECKING:
     from worker.engine.classifier import Classifier
@@ -121,20 +118,18 @@ def backbones(
 
     from worker.engine.device import dtype_name
 
-    own = loaded is None, encoder is None
+    def pinned_to(m: LoadedModel) -> Settings:
+        return settings.model_copy(update={"dtype": dtype_name(m.model.dtype)})
+
+    follows = loaded is None and settings.dtype == "auto"  # the LM loaded here: its dtype and the encoder's agree
     if loaded is None:
         loaded = load(settings)
     if encoder is None and settings.encoder:
-        encoder = load(settings, settings.encoder)
-    if encoder is not None and all(own) and settings.dtype == "auto" and encoder.model.dtype != loaded.model.dtype:
-        lm_fell_back = loaded.model.dtype != torch.float16
-        pinned = settings.model_copy(update={"dtype": dtype_name((loaded if lm_fell_back else encoder).model.dtype)})
-        if lm_fell_back:
-            encoder = None  # the fp16 copy freed before the next load
-            encoder = load(pinned, settings.encoder)
-        else:
-            loaded = None
-            loaded = load(pinned)
+        fell_back = follows and loaded.model.dtype != torch.float16  # (or CPU: the same measured dtype)
+        encoder = load(pinned_to(loaded) if fell_back else settings, settings.encoder)
+        if follows and encoder.model.dtype != loaded.model.dtype:  # the encoder fell back: the LM follows
+            loaded = None  # its fp16 copy freed before the next load
+            loaded = load(pinned_to(encoder))
     return loaded, encoder
 
 
@@ -363,36 +358,6 @@ def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None)
         extra={"calibration": "contextual", "score_bias": dict(zip(clf.labels, bias.round(3).tolist()))},
     )
     return bias
-
-
-# ----------------------------------------------------------------------- processes
-def settings_to_env(settings: Settings) -> dict[str, str]:
-    """Every field that was set, as the ``TRIAGE_*`` variable a child process reads back into equal settings.
-
-    Fields left at their defaults stay unset in the child too, so defaults that depend on the device
-    (``GPU_PASS_DEFAULTS``, ``GPU_WINDOW_MAX_ITEMS``) apply there as they do here; fields that are ``None``
-    are left out. Secrets go into the returned mapping as plain text: hand it to the child's environment,
-    never to a log.
-    """
-    env: dict[str, str] = {}
-    for name, field in Settings.model_fields.items():
-        value = getattr(settings, name)
-        if value is None or name not in settings.model_fields_set:
-            continue
-        alias = field.validation_alias
-        key = str(alias.choices[0]) if isinstance(alias, AliasChoices) else ENV_PREFIX + name.upper()
-        env[key] = _env_value(value)
-    return env
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, SecretStr):
-        return value.get_secret_value()
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
-        return json.dumps(sorted(value) if isinstance(value, (set, frozenset)) else value)
-    return str(value)
 
 
 def warn_deprecated_env() -> None:

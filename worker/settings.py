@@ -6,13 +6,14 @@ set env vars first.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.engine.constants import BUNDLED_MODEL
@@ -348,3 +349,32 @@ class Settings(BaseSettings):
         description="Comma-separated dotted paths of RQ on_success/on_failure/on_stopped callbacks the batch worker "
         "may run; a job naming any other callback fails without anything of it running.",
     )
+
+
+def settings_to_env(settings: Settings) -> dict[str, str]:
+    """Every field that was set, as the ``TRIAGE_*`` variable a child process reads back into equal settings.
+
+    Fields left at their defaults stay unset in the child too, so defaults that depend on the device
+    (``GPU_PASS_DEFAULTS``, ``GPU_WINDOW_MAX_ITEMS``) apply there as they do here; fields that are ``None``
+    are left out. Secrets go into the returned mapping as plain text: hand it to the child's environment,
+    never to a log.
+    """
+    env: dict[str, str] = {}
+    for name, field in Settings.model_fields.items():
+        value = getattr(settings, name)
+        if value is None or name not in settings.model_fields_set:
+            continue
+        alias = field.validation_alias
+        key = str(alias.choices[0]) if isinstance(alias, AliasChoices) else ENV_PREFIX + name.upper()
+        env[key] = _env_value(value)
+    return env
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return json.dumps(sorted(value) if isinstance(value, (set, frozenset)) else value)
+    return str(value)

@@ -186,8 +186,7 @@ def _settings_from_env(monkeypatch, env: dict[str, str]):
 
 
 def test_settings_survive_the_trip_through_a_child_environment(monkeypatch, tmp_path):
-    from worker.assemble import settings_to_env
-    from worker.settings import Settings
+    from worker.settings import Settings, settings_to_env
 
     source = Settings(
         model=str(tmp_path / "m"),
@@ -226,9 +225,9 @@ def test_defaults_stay_defaults_in_the_child_so_cuda_caps_apply_there(monkeypatc
     a default exported as an explicit value would pin the CPU caps in the child."""
     from types import SimpleNamespace
 
-    from worker.assemble import GPU_PASS_DEFAULTS, GPU_WINDOW_MAX_ITEMS, engine_options, settings_to_env
+    from worker.assemble import GPU_PASS_DEFAULTS, GPU_WINDOW_MAX_ITEMS, engine_options
     from worker.assemble import window_max_items as window_cap
-    from worker.settings import Settings
+    from worker.settings import Settings, settings_to_env
 
     cuda = SimpleNamespace(type="cuda")
     here = Settings(model=str(tmp_path / "m"), pass_max_tokens=1000)

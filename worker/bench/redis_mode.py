@@ -164,7 +164,7 @@ def redis_worker_env(settings, ns: str, dtype_name: str) -> dict[str, str]:
 
     import torch
 
-    from worker.assemble import settings_to_env
+    from worker.settings import settings_to_env
 
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TRIAGE_")}
     env.update(settings_to_env(redis_namespace(settings, ns, dtype_name)))

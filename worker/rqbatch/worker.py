@@ -145,13 +145,12 @@ class BatchWorker(RedisWaits):
                 job_id, queue = getattr(e, "job_id", None), getattr(e, "queue", None)
                 if job_id is None or not isinstance(queue, Queue):
                     raise
-                if is_passing(e):
-                    popped = self._read_popped(job_id, queue)
-                    if popped is None:
-                        continue
-                elif not unreadable.fail_if_unreadable(self, job_id, queue, listed=self._popped_listed()):
-                    raise
-                else:
+                if not is_passing(e):
+                    if not unreadable.fail_if_unreadable(self, job_id, queue, listed=self._popped_listed()):
+                        raise
+                    continue  # failed as unreadable: dequeue again
+                popped = self._read_popped(job_id, queue)
+                if popped is None:  # gone, or unreadable (failed)
                     continue
             if popped is None or not intake.left_as_done(self, *popped, self._popped_listed(), op="rq_dequeue"):
                 return popped

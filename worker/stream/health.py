@@ -199,10 +199,10 @@ class Heartbeat:
         process holds the name and it has nothing pending. True if removed."""
         return bool(leave_script(self.client, [self.key, stream], [self.instance, group, consumer]))
 
-    def clear(self) -> bool:
+    def clear(self, client: redis.Redis | None = None) -> bool:
         """Delete the key at exit, unless another process has taken the name over; True if it was deleted (the
-        name was still this process's)."""
-        return bool(release_script(self.client, [self.key], [self.instance]))
+        name was still this process's). ``client``: another connection than the worker's (a cold exit's)."""
+        return bool(release_script(client or self.client, [self.key], [self.instance]))
 
 
 def parse_heartbeat(value: bytes | str | None) -> dict:

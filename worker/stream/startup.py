@@ -20,7 +20,6 @@ from worker.logs import get_logger, mask_url
 from worker.observability import prometheus  # no-ops unless TRIAGE_METRICS_PORT is set
 from worker.stream.connection import Backoff, connect, is_passing, passing_state, socket_timeout_for
 from worker.stream.health import Heartbeat, Keeper, NameInUse, Status
-from worker.stream.scripts import release_script
 from worker.stream.shutdown import Shutdown
 from worker.stream.source import ReadLimits, StreamSource
 
@@ -113,7 +112,7 @@ def _release_at_once(url: str, heartbeat: Heartbeat, keeper: Keeper, within_s: f
     def release() -> None:
         client = connect(url, socket_timeout_s=0.5, connect_timeout_s=0.5)
         try:
-            release_script(client, [heartbeat.key], [heartbeat.instance])
+            heartbeat.clear(client)
         except Exception as e:  # noqa: BLE001 - said by the caller's log line, not a thread's traceback
             failed.append(e)
         finally:
