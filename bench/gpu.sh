@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# The GPU check and benchmark of the worker's engine, on one CUDA device, in stages that each write their
-# results under $OUT as they finish (a run cut short by a time limit keeps every finished stage):
+# The GPU check and benchmark of the worker's engine, on one CUDA device, in stages run in this order (the most
+# wanted first: a call cut short by its time limit loses the least), each writing its files as it finishes:
 #
-#   0 env      python/torch/transformers/GPU                              $OUT/env.txt
+#   0 env      python/torch/transformers/GPU                              env.txt
 #   1 tests    tests/integration/test_packed.py (its CUDA tests: flash vs torch kernel,
 #              packed + CUDA graphs vs padded, fp32 and fp16), test_uploads.py (launching
 #              passes never syncs), test_graph_warmup.py (start-up
-#              captures), test_tokenize.py                                $OUT/pytest.txt
-#   2 verify   `worker verify` on 200 tickets: fp32 (must agree 100%) and
-#              fp16 (flips only near-ties), prompt and head scoring       $OUT/verify-*.{txt,json}
-#   3 bench    few-shot: modes 1-5, mode 5 on all tickets                 $OUT/bench-fewshot.{txt,json}
-#              then up to 24 of mode 5's passes under torch.profiler      $OUT/profile-fewshot.txt
-#   4 bench    zero-shot: modes 1, 3, 5                                   $OUT/bench-zeroshot.{txt,json}
-#   5 sweep    mode 5 over pass caps (few-shot)                           $OUT/bench-sweep.{txt,json}
-#   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) $OUT/bench-redis.{txt,json}
-#   7 graphs   mode 5 with CUDA graphs off (only when asked: --stages 7)   $OUT/bench-nographs.{txt,json}
+#              captures), test_tokenize.py                                pytest.txt
+#   2 verify   `worker verify` on 200 tickets, four processes at once: fp32 (must
+#              agree 100%) and fp16 (flips only near-ties), prompt and head scoring   verify-*.{txt,json}
+#   3 bench    few-shot: modes 1-5, mode 5 on all tickets                 bench-fewshot.{txt,json}
+#              then up to 24 of mode 5's passes under torch.profiler      profile-fewshot.txt
+#   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) bench-redis.{txt,json}
 #   8 host     the worker's host CPU per ticket, stage by stage, no forward
-#              (scripts/host_costs.py: this box's CPU feeding the device)  $OUT/host-costs.{txt,json}
+#              (scripts/host_costs.py: this box's CPU feeding the device)  host-costs.{txt,json}
+#   4 bench    zero-shot: modes 1, 3, 5                                   bench-zeroshot.{txt,json}
+#   5 sweep    mode 5 over pass caps (few-shot)                           bench-sweep.{txt,json}
+#   7 graphs   mode 5 with CUDA graphs off (only when asked: --stages 7)   bench-nographs.{txt,json}
+#
+# $OUT holds four files, whatever ran (the device tool returns at most 8): progress.log (a line per stage with its
+# exit code), env.txt, summary.txt (each stage's key lines, appended as it ends) and results.tgz (every stage's
+# files, rebuilt after each stage and on a signal: `tar xzf results.tgz`).
 #
 # Model: Qwen2.5-0.5B shape (bench/gpu_assets/qwen2.5-0.5b/config.json: hidden 896, 24 layers, 14 heads,
 # 2 kv heads), random weights (seed 0), fp16; the tokenizer from bench/.gpu_deps/tokenizer.
@@ -25,13 +29,14 @@
 # with `pip install --no-index --no-deps --target` into a temp dir on PYTHONPATH.
 #
 #   bench/gpu.sh                    # GPU, all stages (~4-5 min on an H200); bench/GPU_RUN.md has the device command
-#   bench/gpu.sh --dry-run          # CPU, tiny shape, few tickets: every stage of the script, in a few minutes
+#   bench/gpu.sh --dry-run          # CPU, tiny shape, few tickets: every stage of the script, in a minute or two
 #   bench/gpu.sh --stages 3,5       # only these stages (0 always runs)
 #   bench/gpu.sh --n 5000           # any other argument goes to every triage-bench call (later ones win)
 #
 # Env: PYTHON (default python3), OUT (default <repo>/out/gpu), GPU_DEPS (default bench/.gpu_deps),
 #      N (tickets, default 20000), SEQ_N (mode 1 tickets, 500), BASE_N (modes 2-4 tickets, 4000),
-#      STAGE_TIMEOUT (seconds per stage, default 240). Details: docs/benchmark.md.
+#      STAGE_TIMEOUT (seconds for every stage; default: each stage's own limit, `limit_s` below).
+#      Details: docs/benchmark.md; the device calls: bench/GPU_RUN.md.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,11 +58,22 @@ done
 if [ "$DRY" = 1 ]; then
   N=${N:-24}; SEQ_N=${SEQ_N:-6}; BASE_N=${BASE_N:-12}; STAGE_TIMEOUT=${STAGE_TIMEOUT:-600}; VERIFY_N=${VERIFY_N:-12}
 else
-  N=${N:-20000}; SEQ_N=${SEQ_N:-500}; BASE_N=${BASE_N:-4000}; STAGE_TIMEOUT=${STAGE_TIMEOUT:-240}; VERIFY_N=${VERIFY_N:-200}
+  N=${N:-20000}; SEQ_N=${SEQ_N:-500}; BASE_N=${BASE_N:-4000}; VERIFY_N=${VERIFY_N:-200}
 fi
+# A stage's own time limit, seconds (an H200's expected run is well inside each): a hung stage cannot eat the
+# stages after it. STAGE_TIMEOUT, when set, is every stage's.
+limit_s() {
+  [ -n "${STAGE_TIMEOUT:-}" ] && { echo "$STAGE_TIMEOUT"; return; }
+  case $1 in
+    pytest|verify|bench-zeroshot|bench-sweep|bench-nographs) echo 150 ;;
+    bench-fewshot|bench-redis) echo 210 ;;
+    *) echo 100 ;;
+  esac
+}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/triage-gpu.XXXXXX")
+RES=$WORK/results  # every stage's files; bundled into $OUT/results.tgz after each stage
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$RES"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1  # tokenize threads: TRIAGE_TOKENIZE_THREADS
 export TRIAGE_CACHE_DIR=$WORK/cache TRIAGE_LOG_FORMAT=json
 # The issue's workload: the task's own prompt (a ~258-token few-shot prefix; zero-shot without the examples). The
@@ -72,33 +88,62 @@ export TRIAGE_HEAD_PROMPT=${TRIAGE_HEAD_PROMPT:-task}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "[gpu.sh $(date +%H:%M:%S) ${SECONDS}s] $*" | tee -a "$OUT/progress.log" >&2; }
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
-# run NAME CMD...: one stage under a time limit, its output in $OUT/NAME.txt, its status in progress.log. The
+# bundle: every stage's files into $OUT/results.tgz, replaced whole (a kill mid-write leaves the previous one)
+bundle() {
+  cp -f "$OUT/env.txt" "$OUT/progress.log" "$RES/" 2>/dev/null
+  tar czf "$OUT/results.tgz.part" -C "$RES" . 2>/dev/null && mv -f "$OUT/results.tgz.part" "$OUT/results.tgz"
+}
+# summarize NAME RC: the stage's key lines into $OUT/summary.txt (short enough to read in a call's output tail)
+summarize() {
+  local name=$1 rc=$2 pattern
+  case $name in
+    pytest) pattern='passed|failed|error|FAILED|ERROR|SKIPPED.*CUDA' ;;
+    verify) pattern='^(-- |model|tickets|label agreement|PASS|FAIL|flip)|CUDA graph' ;;
+    host-costs) pattern='^host CPU|^(read|window|plan|stream|postprocess|records|write) ' ;;
+    *) pattern='^(engine|GEMM|\[|mode  |[1-6] | +[0-9]+ +[0-9]+ |  100|CUDA graphs|total)|vs mode' ;;
+  esac
+  {
+    echo "== $name: exit $rc, ${SECONDS}s into the call =="
+    grep -E "$pattern" "$RES/$name.txt" 2>/dev/null | cut -c1-220 | head -n 40
+    cat "$RES/$name.err" "$RES"/"$name"-*.err 2>/dev/null | grep -E 'falls back|CUDA graphs off|Traceback|Error|error:' | sort | uniq -c | head -n 8
+  } >> "$OUT/summary.txt"
+}
+# run NAME CMD...: one stage under its time limit, its output in $RES/NAME.txt, its status in progress.log. The
 # stage's `timeout` runs in a process group of its own, out of reach of an outer `timeout ... bash bench/gpu.sh`:
 # it runs in the background and a TERM/INT to this script is passed on to it (else a cut-short call would leave
 # the stage running on the device into the next call). A failed stage does not stop the others; the script's
 # exit status is 1 when any stage failed.
 STAGE_PID=
+STAGE_NAME=
 FAILED=()
 on_signal() {
   trap '' TERM INT  # an outer `timeout` signals this script and its process group: once is enough
   log "interrupted (signal): stopping stage pid ${STAGE_PID:-none}"
   [ -n "$STAGE_PID" ] && kill -TERM "$STAGE_PID" 2>/dev/null && wait "$STAGE_PID" 2>/dev/null
+  [ -n "$STAGE_NAME" ] && summarize "$STAGE_NAME" interrupted
+  bundle
   exit 143
 }
 trap on_signal TERM INT
 run() {
-  local name=$1; shift
-  log "stage $name: $*"
-  timeout --kill-after=10 "$STAGE_TIMEOUT" "$@" > >(tee "$OUT/$name.txt") 2> >(tee "$OUT/$name.err" >&2) &
+  local name=$1 limit; shift
+  limit=$(limit_s "$name")
+  log "stage $name (limit ${limit}s): $*"
+  STAGE_NAME=$name
+  timeout --kill-after=10 "$limit" "$@" > >(tee "$RES/$name.txt") 2> >(tee "$RES/$name.err" >&2) &
   STAGE_PID=$!
   wait "$STAGE_PID"
   local rc=$?
   STAGE_PID=
-  log "stage $name: exit $rc$([ $rc = 124 ] && echo ' (timed out after '"$STAGE_TIMEOUT"'s)')"
+  STAGE_NAME=
+  log "stage $name: exit $rc$([ $rc = 124 ] && echo ' (timed out after '"$limit"'s)')"
   [ "$rc" = 0 ] || FAILED+=("$name")
+  summarize "$name" "$rc"
+  bundle
   return 0
 }
 : > "$OUT/progress.log"
+: > "$OUT/summary.txt"
 
 # ---- deps: what the worker imports beyond torch/transformers/numpy/tqdm/pyyaml -------------------------
 if [ -d "$DEPS/wheels" ]; then
@@ -115,7 +160,12 @@ for whl in sorted(glob.glob(os.path.join(src, "*.whl"))):
     name = os.path.basename(whl)
     if "-cp3" in name and tag not in name:
         continue
-    zipfile.ZipFile(whl).extractall(dst)
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            path = z.extract(info, dst)
+            mode = info.external_attr >> 16 & 0o777  # extractall drops the exec bit (valkey-server's)
+            if mode:
+                os.chmod(path, mode)
 EOF
   fi
   export PYTHONPATH="$WORK/deps:$PYTHONPATH"
@@ -197,47 +247,59 @@ if want 1; then
 fi
 
 # ---- 2: verify: the production path against one-ticket-at-a-time, on the real head layout ------------------
+# Four processes at once (each pays its own start-up, model load and captures; the device has room for all four):
+# verify-DTYPE-SCORER.{txt,err,json} each; the stage fails when any of them does.
 if want 2; then
-  for spec in "fp32 prompt" "fp32 auto" "$LOW prompt" "$LOW auto"; do
-    set -- $spec
-    TRIAGE_SCORER=$2 run "verify-$1-$2" "$PY" -m worker verify --input tests/data/long_tail_tickets.jsonl \
-      --limit "$VERIFY_N" --dtype "$1" "${DEV[@]}" --json "$OUT/verify-$1-$2.json"
-  done
+  export PY RES VERIFY_N LOW DEVICE=${DEV[1]}
+  run verify bash -c '
+    pids=()
+    for spec in "fp32 prompt" "fp32 auto" "$LOW prompt" "$LOW auto"; do
+      set -- $spec
+      TRIAGE_SCORER=$2 "$PY" -m worker verify --input tests/data/long_tail_tickets.jsonl --limit "$VERIFY_N" \
+        --dtype "$1" --device "$DEVICE" --json "$RES/verify-$1-$2.json" > "$RES/verify-$1-$2.txt" 2> "$RES/verify-$1-$2.err" &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    for f in "$RES"/verify-*-*.txt; do echo "-- ${f##*/}"; cat "$f"; done
+    exit $rc'
 fi
 
 # ---- 3-6: the benchmark -----------------------------------------------------------------------------------
 COMMON=(--dtype "$DT" --n "$N" --fixed-batch "$FIXED" --gemm-tokens "$GEMM" --sequential-n "$SEQ_N" --baseline-n "$BASE_N")
 want 3 && run bench-fewshot "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 1,2,3,4,5 \
-  --json "$OUT/bench-fewshot.json" --plot "$OUT/bench-fewshot.png" --profile "$OUT/profile-fewshot.txt" "${EXTRA[@]}"
-want 4 && run bench-zeroshot "${BENCH[@]}" "${COMMON[@]}" --prompt zero-shot --modes 1,3,5 \
-  --json "$OUT/bench-zeroshot.json" "${EXTRA[@]}"
-want 5 && run bench-sweep "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --sweep \
-  --sweep-items "$SWEEP_I" --sweep-tokens "$SWEEP_T" --json "$OUT/bench-sweep.json" "${EXTRA[@]}"
+  --json "$RES/bench-fewshot.json" --plot "$RES/bench-fewshot.png" --profile "$RES/profile-fewshot.txt" "${EXTRA[@]}"
 if want 6; then
   # Mode 6 needs a Redis: worker.redis_server finds redis-server / valkey-server on PATH ($GPU_DEPS/redis-server
   # included) or in the embedded-redis wheel carried in $GPU_DEPS/wheels, and the bench starts a private server.
   if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
     log "mode 6: the Redis at TRIAGE_REDIS_URL if one answers, else a private server from the binary found"
     TRIAGE_WINDOW_MAX_ITEMS=$WIN run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --redis \
-      --json "$OUT/bench-redis.json" "${EXTRA[@]}"
+      --json "$RES/bench-redis.json" "${EXTRA[@]}"
   else
     log "stage bench-redis skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"
   fi
 fi
-# ---- 7 (not in the default list): mode 5 with CUDA graphs off, the same tickets: what graphs buy --------
-want 7 && TRIAGE_CUDA_GRAPHS=false run bench-nographs "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 \
-  --json "$OUT/bench-nographs.json" "${EXTRA[@]}"
 # ---- 8: host CPU per ticket of every stage but the forward (read, parse + tokenize, plan, packed stream, softmax,
 # records, the settle write): the most tickets/s this box's CPU can feed any device (docs/benchmark.md, "Host side")
 if want 8; then
   if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
-    run host-costs "$PY" scripts/host_costs.py --model "$WORK/model" --json "$OUT/host-costs.json"
+    run host-costs "$PY" scripts/host_costs.py --model "$WORK/model" --json "$RES/host-costs.json"
   else
     log "stage host-costs skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"
   fi
 fi
+want 4 && run bench-zeroshot "${BENCH[@]}" "${COMMON[@]}" --prompt zero-shot --modes 1,3,5 \
+  --json "$RES/bench-zeroshot.json" "${EXTRA[@]}"
+want 5 && run bench-sweep "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --sweep \
+  --sweep-items "$SWEEP_I" --sweep-tokens "$SWEEP_T" --json "$RES/bench-sweep.json" "${EXTRA[@]}"
+# ---- 7 (not in the default list): mode 5 with CUDA graphs off, the same tickets: what graphs buy --------
+want 7 && TRIAGE_CUDA_GRAPHS=false run bench-nographs "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 \
+  --json "$RES/bench-nographs.json" "${EXTRA[@]}"
 if [ ${#FAILED[@]} -gt 0 ]; then
-  log "done in ${SECONDS}s with failed stages: ${FAILED[*]}; results in $OUT"
+  log "done in ${SECONDS}s with failed stages: ${FAILED[*]}; results in $OUT (summary.txt, results.tgz)"
+  bundle
   exit 1
 fi
-log "done in ${SECONDS}s; results in $OUT"
+log "done in ${SECONDS}s; results in $OUT (summary.txt, results.tgz)"
+bundle
