@@ -9,7 +9,6 @@ The model and everything else come from the caller's TRIAGE_* environment, as fo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from producer.synth import generate_tickets  # noqa: E402
 from worker.bench.redis_mode import log_events, redis_worker_env  # noqa: E402
 from worker.keyspace import delete_under  # noqa: E402
+from worker.redact import MaskingArgumentParser, install_excepthook, register_env_secrets  # noqa: E402
 from worker.settings import Settings  # noqa: E402
 
 
@@ -69,7 +69,10 @@ def drain_with_two_workers(url: str, n: int, target_s: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # a password in the URL or the environment never reaches a usage error, a traceback or a worker's log excerpt
+    register_env_secrets()
+    install_excepthook()
+    p = MaskingArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=120)
     p.add_argument("--targets", default="0,5", help="TRIAGE_WINDOW_TARGET_S values to compare (0: fixed windows)")
     p.add_argument("--redis-url", default=os.environ.get("TRIAGE_REDIS_URL", "redis://127.0.0.1:6379/0"))

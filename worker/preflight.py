@@ -129,7 +129,15 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
     if not isinstance(url, str) or not url.strip():
         return Problem(var, "is empty; expected redis://host:port/db, rediss://host:port/db or unix:///path?db=0")
     try:
-        redis.ConnectionPool.from_url(url)
+        pool = redis.ConnectionPool.from_url(url)
+        try:  # builds, does not connect: a query option this kind of connection does not take fails here
+            pool.connection_class(**pool.connection_kwargs)
+        except TypeError as e:
+            option = re.search(r"argument '(\w+)'", str(e))
+            raise ValueError(
+                f"its query option {option.group(1) if option else '?'!r} is not one a "
+                f"{urlsplit(url).scheme}:// connection takes (TLS options need rediss://)"
+            ) from None
         parts = urlsplit(url)
         if parts.scheme in ("redis", "rediss"):
             if not parts.hostname:

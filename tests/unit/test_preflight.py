@@ -76,6 +76,8 @@ def test_invalid_value_is_named_by_its_env_var(monkeypatch):
         ("redis://127.0.0.1:6379/zero", "database number"),
         ("redis:///0", "no host"),
         ("", "is empty"),
+        ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "need rediss://"),
+        ("redis://127.0.0.1:6379/0?sockettimeout=5", "'sockettimeout'"),
     ],
 )
 def test_malformed_redis_urls(url, words):
