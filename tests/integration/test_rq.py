@@ -236,6 +236,10 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
     h, q = rq_setup, rq_setup.queue
     good = [q.enqueue("worker.rq_jobs.classify", {"text": f"{TICKETS[i % 5]} #{i}"}) for i in range(60)]
     good += enqueue_tickets(q, [TICKETS[i % 5] for i in range(40)])  # RQ enqueue_many
+    with_subject_field = q.enqueue("worker.rq_jobs.classify", {"subject": "Invoice", "text": TICKETS[0]})
+    subject_in_text = q.enqueue("worker.rq_jobs.classify", {"text": f"Invoice\n\n{TICKETS[0]}"})
+    text_alone = q.enqueue("worker.rq_jobs.classify", {"text": TICKETS[0]})
+    good += [with_subject_field, subject_in_text, text_alone]
     mark = h.queue.name + ":failure-callback"
     no_text = q.enqueue(
         "worker.rq_jobs.classify",
@@ -264,6 +268,11 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
         assert value["label"] in LABELS and set(value["scores"]) == LABELS
         assert job.latest_result().type == Result.Type.SUCCESSFUL
     assert set(q.finished_job_registry.get_job_ids()) == {j.id for j in good}
+    scores = [  # the subject is read, as the stream worker reads it: subject, blank line, text
+        Job.fetch(j.id, connection=h.conn, serializer=JSONSerializer).return_value()["scores"]
+        for j in (with_subject_field, subject_in_text, text_alone)
+    ]
+    assert scores[0] == scores[1] != scores[2]
     assert q.started_job_registry.get_job_ids() == []
     assert q.count == 0
 

@@ -33,6 +33,7 @@ from worker.rqbatch import BatchWorker, intake, outcome, plain, unreadable
 from worker.rqbatch.jobs import Entry
 from worker.rqbatch.landing import Landing
 from worker.rqbatch.payload import InvalidJob, job_result, ticket_text
+from worker.stream.messages import with_subject
 
 HERE = "tests.integration.test_rq_faults"
 rq_setup = test_rq.rq_setup  # the fixture: a test-owned queue and worker name on the shared Redis, removed after
@@ -291,6 +292,22 @@ def test_the_ticket_is_one_positional_argument_or_the_keyword_ticket():
     for args, kwargs, reason in refused:
         with pytest.raises(InvalidJob, match=re.escape(reason)):
             ticket_text(args, kwargs, 100)
+
+
+def test_a_subject_is_read_as_the_stream_worker_reads_one():
+    """The RQ path ignored ``subject``: the same ticket got another answer than through the stream."""
+    assert ticket_text(({"text": "refund me", "subject": " Billing "},), {}, 100) == with_subject(" Billing ", "refund me")
+    assert with_subject(" Billing ", "refund me") == "Billing\n\nrefund me"
+    assert ticket_text(({"text": "refund me", "subject": "  "},), {}, 100) == "refund me"
+    refused = [
+        ({"text": "t", "subject": 42}, "ticket subject must be a string, got number"),
+        ({"text": "t", "subject": "half \ud83d"}, "ticket subject contains characters that are not valid Unicode"),
+        ({"text": "t" * 60, "subject": "s" * 41}, "ticket subject + text is 101 bytes, over the 100-byte limit"),
+        ({"text": " ", "subject": "only a subject"}, "ticket text is empty"),
+    ]
+    for ticket, reason in refused:
+        with pytest.raises(InvalidJob, match=re.escape(reason)):
+            ticket_text((ticket,), {}, 100)
 
 
 def _keyword_jobs(q):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worker.stream.messages import unicode_problem
+from worker.stream.messages import unicode_problem, with_subject
 
 CLASSIFY_PATH = "worker.rq_jobs.classify"  # the wire contract: job payloads name this path
 
@@ -38,32 +38,39 @@ def ticket_arg(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
 
 
 def ticket_text(args: Sequence[Any], kwargs: Mapping[str, Any], max_text_bytes: int) -> str:
-    """The ticket text of a classify call ``classify(ticket)``; ``ticket`` is ``{"text": str}`` or a str.
+    """What the model reads of a classify call ``classify(ticket)``; ``ticket`` is ``{"text": str}`` (a
+    ``"subject"`` too, read as the stream worker reads one: ``messages.with_subject``) or a str.
 
-    Extra keys in the dict are ignored. Raises ``InvalidJob`` with a clear reason otherwise.
+    Other keys in the dict are ignored (RQ's own ``meta=`` carries what a caller wants back with the job). Raises
+    ``InvalidJob`` with a clear reason otherwise.
     """
     ticket = ticket_arg(args, kwargs)
+    subject = None
     if isinstance(ticket, Mapping):
         if "text" not in ticket:
             raise InvalidJob('ticket has no \'text\' field (expected {"text": "..."})')
-        text = ticket["text"]
+        text, subject = ticket["text"], ticket.get("subject")
     elif isinstance(ticket, str):
         text = ticket
     else:
         raise InvalidJob(f"ticket must be an object with a 'text' field or a string, got {_json_type(ticket)}")
-    if not isinstance(text, str):
-        raise InvalidJob(f"ticket text must be a string, got {_json_type(text)}")
-    why = unicode_problem(text, "ticket text")  # else one such job would fail its whole batch in the tokenizer
-    if why:
-        raise InvalidJob(why)
+    for name, value in (("text", text), ("subject", subject)):
+        if name == "subject" and value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidJob(f"ticket {name} must be a string, got {_json_type(value)}")
+        why = unicode_problem(value, f"ticket {name}")  # else one such job would fail its whole batch in the tokenizer
+        if why:
+            raise InvalidJob(why)
     if not text.strip():
         raise InvalidJob("ticket text is empty")
-    n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
+    n_bytes = sum(len(v.encode("utf-8", errors="surrogatepass")) for v in (text, subject) if v is not None)
     if n_bytes > max_text_bytes:
+        what = "text" if subject is None else "subject + text"
         raise InvalidJob(
-            f"ticket text is {n_bytes} bytes, over the {max_text_bytes}-byte limit (TRIAGE_MAX_TEXT_BYTES)"
+            f"ticket {what} is {n_bytes} bytes, over the {max_text_bytes}-byte limit (TRIAGE_MAX_TEXT_BYTES)"
         )
-    return text
+    return text if subject is None else with_subject(subject, text)
 
 
 def job_result(pred, model: str) -> dict[str, Any]:

@@ -172,8 +172,7 @@ def parse_entry(stream_id: Any, fields: Mapping[Any, Any] | None, *, max_text_by
         subject = _decode(named["subject"], "subject")
         if isinstance(subject, Rejected):
             return Rejected(sid, ticket_id, subject.reason)
-        if subject.strip():
-            text = f"{subject.strip()}\n\n{text}"
+        text = with_subject(subject, text)
 
     meta: str | None = None
     if "meta" in named:
@@ -218,6 +217,12 @@ def _decode(v: Any, name: str) -> str | Rejected:
     if isinstance(v, (int, float)):  # only from in-process callers; Redis hands back bytes
         return str(v)
     return Rejected("", None, f"{name} must be a string, got {type(v).__name__}")
+
+
+def with_subject(subject: str, text: str) -> str:
+    """What the model reads of a ticket with a subject: the subject, a blank line, the text (a blank subject: the
+    text). The stream worker and the RQ path both read a ``subject`` this way."""
+    return f"{subject.strip()}\n\n{text}" if subject.strip() else text
 
 
 def unicode_problem(text: str, name: str = "text") -> str | None:
