@@ -296,8 +296,8 @@ def test_the_ticket_is_one_positional_argument_or_the_keyword_ticket():
 
 def test_a_subject_is_read_as_the_stream_worker_reads_one():
     """The RQ path ignored ``subject``: the same ticket got another answer than through the stream."""
-    assert ticket_text(({"text": "refund me", "subject": " Billing "},), {}, 100) == with_subject(" Billing ", "refund me")
-    assert with_subject(" Billing ", "refund me") == "Billing\n\nrefund me"
+    read = ticket_text(({"text": "refund me", "subject": " Billing "},), {}, 100)
+    assert read == with_subject(" Billing ", "refund me") == "Billing\n\nrefund me"
     assert ticket_text(({"text": "refund me", "subject": "  "},), {}, 100) == "refund me"
     refused = [
         ({"text": "t", "subject": 42}, "ticket subject must be a string, got number"),
