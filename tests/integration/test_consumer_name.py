@@ -230,6 +230,35 @@ def test_the_keeper_stops_beating_once_another_process_holds_the_name(client, ke
     assert json.loads(client.get(newcomer.key))["instance"] == newcomer.instance
 
 
+def test_a_change_of_phase_reaches_the_heartbeat_before_the_next_regular_beat(client, key_prefix):
+    """The key said "reading" for up to a third of the TTL after the worker moved on: ``status`` showed a phase that
+    was over, its age growing. With a TTL of 600 s the regular beats are 200 s apart: only the change can beat."""
+    hb = Heartbeat(client, key_prefix + "hb:", "w", ttl_s=600)
+    assert hb.claim(threading.Event()).took
+    status = Status()
+    keeper = Keeper(hb, status, refresh=None, refresh_interval_s=1.0, log=get_logger("test"))
+    keeper.start()
+
+    def phase_in_redis(want: str) -> bool:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if json.loads(client.get(hb.key)).get("phase") == want:
+                return True
+            time.sleep(0.05)
+        return False
+
+    try:
+        status.set_phase("reading")
+        assert phase_in_redis("reading")
+        status.pass_started()
+        assert phase_in_redis("inferring")
+        status.set_phase("writing")
+        status.set_phase("reading")  # two changes at once: the beat carries the latest
+        assert phase_in_redis("reading")
+    finally:
+        keeper.stop()
+
+
 @pytest.mark.parametrize("request_args, code", [(("SIGTERM",), 0), (("consumer name lost", 2), 2)])
 def test_a_stop_while_the_model_loads_stops_without_reading(redis_url, key_prefix, monkeypatch, request_args, code):
     """A SIGTERM during the load used to log warm_shutdown, then worker_ready, and read a window before stopping;

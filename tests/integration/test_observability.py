@@ -184,6 +184,11 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
         text = run_cli(env, "status", "--window-s", "600")
         soon = run_cli(env_with(env, TRIAGE_CLAIM_IDLE_MS=1), "status", "--json")
         watch = run_cli(env, "status", "--watch", "--json", "--interval-s", "0.1", "--count", "2")
+        n = len(r.xrange(env["TRIAGE_RESULTS_STREAM"]))
+        at_cap, over_cap = (
+            run_cli(env, "status", *json_flag, "--window-s", "600", "--max-results", str(cap))
+            for cap, json_flag in ((n, ["--json"]), (n - 1, []))
+        )
     finally:
         for w in group.workers.values():
             w.signal(signal.SIGCONT)
@@ -229,6 +234,10 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
     assert "backlog 5  pending 3" in text.stdout and f"{len(BAD)} dead letters" in text.stdout
     assert "3 workers: 2 alive, 1 dead, 0 gone; 3 entries pending on dead workers" in text.stdout
     print(text.stdout)  # shown with -s: the sample in docs/worker.md comes from here
+    # --max-results: all read at the cap; one under it, the count is a floor and said so (it read as the total)
+    at_cap = json.loads(at_cap.stdout)["results"]
+    assert at_cap["count"] == n and not at_cap["capped"] and at_cap["span_s"] == 600
+    assert f"results  {n - 1:,}+ in the last 600s" in over_cap.stdout, over_cap.stdout
     # --watch --json: one object per refresh
     lines = watch.stdout.splitlines()
     assert watch.returncode == 0 and len(lines) == 2 and all(json.loads(x)["stream"] == stream for x in lines)

@@ -75,12 +75,20 @@ def test_worker_producer_and_ops_users_each_with_their_documented_line(
 def test_status_under_a_user_refused_xinfo_groups_says_so_instead_of_showing_no_queue(
     triage_env, redis_url, key_prefix, monkeypatch, capsys
 ):
-    """XINFO GROUPS refused (NOPERM) was read as "no such stream": ``status`` showed no queue, length 0, exit 0."""
+    """XINFO GROUPS refused (NOPERM) was read as "no such stream": ``status`` showed no queue, length 0, exit 0.
+    Then it said "cannot read Redis" with exit 1, the code for Redis unreachable; an ACL too narrow is configuration:
+    exit 2, naming the command and the ACL line, as the producer does. ``healthcheck`` refused its SCAN says so."""
     import redis
 
     redis.Redis.from_url(redis_url).xadd(triage_env["TRIAGE_INPUT_STREAM"], {"id": "S-1", "text": "hello"})
-    rules = [r for r in on_keys(documented_rules(RELIABILITY_DOC, "triage-ops"), key_prefix) if r != "+xinfo|groups"]
-    with acl_user(redis_url, rules) as (_, url):
+    ops = on_keys(documented_rules(RELIABILITY_DOC, "triage-ops"), key_prefix)
+    with acl_user(redis_url, [r for r in ops if r != "+xinfo|groups"]) as (_, url):
         _env(monkeypatch, triage_env, url)
-        assert worker_main(["status", "--json"]) == 1
-        assert "xinfo|groups" in capsys.readouterr().err
+        assert worker_main(["status", "--json"]) == 2
+        err = capsys.readouterr().err
+        assert "xinfo|groups" in err and "grant the ops ACL line" in err and "cannot read Redis" not in err, err
+    with acl_user(redis_url, [r for r in ops if r != "+scan"]) as (_, url):
+        _env(monkeypatch, triage_env, url)
+        assert worker_main(["healthcheck"]) == 1
+        err = capsys.readouterr().err
+        assert "may not read the heartbeats" in err and "cannot reach Redis" not in err, err

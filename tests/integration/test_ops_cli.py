@@ -316,3 +316,21 @@ def test_status_names_a_stream_key_of_another_type_as_a_configuration_error(tria
                 f"rename it or point {var} elsewhere"
             )
         client.delete(triage_env[var])
+
+
+def test_a_counted_watch_whose_last_refresh_failed_exits_1_and_an_empty_probe_name_is_refused(triage_env):
+    """`status --watch --count 1` with Redis unreachable printed nothing and exited 0: a script took it for data.
+    `healthcheck --consumer "$(hostname)"` where the substitution printed nothing checked any worker instead."""
+    from tests.worker_proc import run_clis
+
+    down = env_with(triage_env, TRIAGE_REDIS_URL="redis://127.0.0.1:1/0")
+    got = run_clis(
+        {
+            "watch": (down, ["worker", "status", "--watch", "--json", "--count", "1"]),
+            "consumer": (triage_env, ["worker", "healthcheck", "--consumer", ""]),
+            "host": (triage_env, ["worker", "healthcheck", "--host", " "]),
+        }
+    )
+    assert got["watch"].returncode == 1 and got["watch"].stdout == "" and "cannot read Redis" in got["watch"].stderr
+    for flag in ("consumer", "host"):
+        assert got[flag].returncode == 2 and f"--{flag}: is empty" in got[flag].stderr, got[flag].stderr

@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
 
     # unknown TRIAGE_ names are `run`'s and `check`'s business: a probe must not turn a worker unhealthy
     settings, problems = preflight.load_settings(unknown=False)
+    for flag, value in (("--consumer", args.consumer), ("--host", args.host)):
+        if value is not None and not value.strip():  # `--consumer "$(hostname)"` where it printed nothing
+            problems.append(preflight.Problem(flag, "is empty (an unset variable?): name one, or leave the flag out"))
     if problems:
         for p in problems:
             print(f"triage-worker healthcheck: {p}", file=sys.stderr)
@@ -55,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
             found = [(c, beat) for c, beat in found if beat.get("host") == args.host]
         if args.ready:
             found = [(c, beat) for c, beat in found if is_ready(beat)]
+    except redis.exceptions.NoPermissionError as e:  # the probe's ACL: reachable, but it may not read the beats
+        if not args.quiet:
+            print(
+                f"unhealthy: the Redis user may not read the heartbeats ({e}); grant the ops ACL line "
+                "(docs/reliability.md, Security)",
+                file=sys.stderr,
+            )
+        return 1
     except redis.RedisError as e:
         if not args.quiet:
             print(f"unhealthy: cannot reach Redis at {mask_url(settings.redis_url)}: {e}", file=sys.stderr)

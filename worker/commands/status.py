@@ -91,6 +91,13 @@ def _loop(client, target, url: str, args: argparse.Namespace, streams: dict[str,
                     print(f"triage-worker status: {p}", file=sys.stderr)
                 return preflight.EXIT_CONFIG
             snap = collect(client, target, window_s=args.window_s, max_results=args.max_results)
+        except redis.exceptions.NoPermissionError as e:  # the user's ACL is too narrow: configuration, not Redis down
+            print(
+                f"triage-worker status: the Redis user may not run a command status needs ({e}); grant the ops ACL "
+                "line (docs/reliability.md, Security)",
+                file=sys.stderr,
+            )
+            return preflight.EXIT_CONFIG
         except redis.RedisError as e:
             print(f"triage-worker status: cannot read Redis at {url}: {type(e).__name__}: {e}", file=sys.stderr)
             if not args.watch:
@@ -103,5 +110,5 @@ def _loop(client, target, url: str, args: argparse.Namespace, streams: dict[str,
                 print(("\x1b[H\x1b[2J" if clear else "") + render(snap, url) + ("" if clear else "\n"), flush=True)
         shown += 1
         if not args.watch or (args.count and shown >= args.count):
-            return 0
+            return 0 if snap is not None else 1  # a counted watch whose last refresh failed: Redis unreachable
         time.sleep(args.interval_s)

@@ -99,14 +99,17 @@ def _group(client: redis.Redis, t: Target) -> tuple[dict[str, Any], dict[str, di
 
 def _results(client, stream: str, now_ms: int, since_ms: int, window_s: float, max_results: int) -> dict[str, Any]:
     """Throughput and latency of the results written in the window (entry ids carry Redis's write time)."""
-    rows = client.xrevrange(stream, max="+", min=str(since_ms), count=max_results)
+    rows = client.xrevrange(stream, max="+", min=str(since_ms), count=max_results + 1)  # one more: capped or not
+    capped = len(rows) > max_results
+    rows = rows[:max_results]
     newest = rows[0][0] if rows else None
     if newest is None:
         last = client.xrevrange(stream, max="+", min="-", count=1)
         newest = last[0][0] if last else None
-    # Capped at max_results: the rate is over the span those results cover, not the whole window.
+    # Capped at max_results: the count is a floor, and the rate is over the span those results cover (from the
+    # oldest read to now), not the whole window.
     span_s = window_s
-    if rows and len(rows) >= max_results:
+    if capped:
         span_s = max((now_ms - stream_id_ms(rows[-1][0])) / 1000.0, 1e-3)
     latencies = [float(f["latency_ms"]) for _id, f in rows if _is_number(f.get("latency_ms"))]
     by_worker = Counter(f.get("worker", "") for _id, f in rows)
@@ -114,6 +117,8 @@ def _results(client, stream: str, now_ms: int, since_ms: int, window_s: float, m
         "stream": stream,
         "window_s": window_s,
         "count": len(rows),
+        "capped": capped,  # count is --max-results: there may be more in the window
+        "span_s": round(span_s, 1),  # what per_s is over: the window, or when capped the newest results' span
         "per_s": round(len(rows) / span_s, 2),
         "latency_ms": {
             **{f"p{q}": _r(percentile(latencies, q)) for q in (50, 90, 99)},

@@ -30,9 +30,14 @@ def render(s: dict[str, Any], redis_url: str = "") -> str:
     )
     lat = res["latency_ms"]
     newest = "none yet" if res["newest_age_s"] is None else f"newest {_dur(res['newest_age_s'])} ago"
+    rate = (  # capped at --max-results: more may be in the window; the rate is over the newest results' span
+        f"{res['count']:,}+ in the last {window} ({res['per_s']:g}/s over the newest {res['count']:,}, "
+        f"the last {_dur(res['span_s'])})"
+        if res.get("capped")
+        else f"{res['count']} in the last {window} ({res['per_s']:g}/s)"
+    )
     lines.append(
-        f"results  {res['count']} in the last {window} ({res['per_s']:g}/s)  latency p50 {_ms(lat['p50'])}"
-        f"  p90 {_ms(lat['p90'])}  p99 {_ms(lat['p99'])}  {newest}"
+        f"results  {rate}  latency p50 {_ms(lat['p50'])}  p90 {_ms(lat['p90'])}  p99 {_ms(lat['p99'])}  {newest}"
     )
     lines.append("")
     rows = [COLUMNS] + [_row(w, window) for w in s["workers"]]

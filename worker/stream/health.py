@@ -48,6 +48,7 @@ class Status:
         self.pass_started_at_ms: int | None = None
         self.counters: dict[str, int] = {"windows": 0, "items": 0, "dead_lettered": 0}
         self.on_started: Callable[[], None] | None = None  # once, when the phase first leaves "starting"
+        self.on_moved: Callable[[], None] | None = None  # at every change of phase (the keeper beats it soon)
 
     def _shown(self, phase: str) -> str:
         return "stopping" if self._stop is not None and self._stop.is_set() else phase
@@ -66,6 +67,8 @@ class Status:
             self._on_phase(phase)
         if started and self.on_started is not None:
             self.on_started()
+        if changed and self.on_moved is not None:
+            self.on_moved()
 
     def set_phase(self, phase: str) -> None:
         assert phase in PHASES, phase
@@ -220,10 +223,15 @@ def is_worker_heartbeat(beat: dict) -> bool:
     return isinstance(pid, (int, float, str)) and not isinstance(pid, bool) and pid not in (0, "")
 
 
+PHASE_BEAT_S = 1.0  # a change of phase is in the heartbeat within this; the keeper beats no more often for it
+
+
 class Keeper(threading.Thread):
     """Keeps this worker's claims alive from its own thread, whatever the loop is doing:
 
-    * the heartbeat key, every third of its TTL (two missed beats still leave it alive);
+    * the heartbeat key, every third of its TTL (two missed beats still leave it alive), and within
+      ``PHASE_BEAT_S`` of a change of phase, never more often: ``status`` showed a phase up to a third of the TTL
+      old (a worker "reading 8s" that had been inferring for seconds);
     * the idle time of the entries it holds (``refresh``, every third of TRIAGE_CLAIM_IDLE_MS), so
       a prefetched window waiting for its turn, or a pass longer than the claim idle time, is not
       reclaimed by another worker. A frozen or dead process stops both, which is the point.
@@ -258,6 +266,12 @@ class Keeper(threading.Thread):
         self._stop_evt = threading.Event()
         self._wake = threading.Event()  # set by stop() and beat_soon()
         self._beat_due = False
+        self._phase_due = False  # a phase change not beaten yet
+        status.on_moved = self._phase_moved
+
+    def _phase_moved(self) -> None:
+        self._phase_due = True
+        self._wake.set()
 
     def beat_soon(self) -> None:
         """Beat now, not a third of the TTL from the last beat: the key is known gone (the group was recreated:
@@ -267,11 +281,12 @@ class Keeper(threading.Thread):
 
     def run(self) -> None:
         next_beat = next_refresh = time.monotonic()
+        last_beat = -PHASE_BEAT_S
         while True:
             now = time.monotonic()
-            if now >= next_beat or self._beat_due:
-                self._beat_due = False
-                next_beat = now + self.beat_interval_s
+            if now >= next_beat or self._beat_due or (self._phase_due and now >= last_beat + PHASE_BEAT_S):
+                self._beat_due = self._phase_due = False
+                next_beat, last_beat = now + self.beat_interval_s, now
                 self._beat()
                 if self.on_beat is not None:
                     try:
@@ -285,6 +300,8 @@ class Keeper(threading.Thread):
                 except Exception as e:  # noqa: BLE001 - Redis down: the reader and the writer report it
                     self.log.debug("refresh_failed", error=f"{type(e).__name__}: {e}")
             wake = min(next_beat, next_refresh if self.refresh is not None else next_beat)
+            if self._phase_due:
+                wake = min(wake, last_beat + PHASE_BEAT_S)
             self._wake.wait(max(wake - time.monotonic(), 0.0))
             self._wake.clear()
             if self._stop_evt.is_set():
