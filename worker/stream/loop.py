@@ -346,13 +346,7 @@ class _Loop:
         while True:
             try:
                 written = self.sink.write(outcome)
-                if written.not_ours:
-                    self.log.warning(
-                        "entries_not_ours_anymore",
-                        count=len(written.not_ours),
-                        retry=backoff.attempt,
-                        note="acked by an earlier attempt, or reclaimed by another worker: not written again",
-                    )
+                written.log_skipped(self.log, retry=backoff.attempt)
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")
                 return written.outcome

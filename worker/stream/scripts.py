@@ -78,8 +78,11 @@ SETTLE = (
 -- then the number of field layouts and each layout (its field count, its field names), then per record: kind
 -- ('r' result | 'd' dead letter), stream id, has key (1/0), the record as one JSON object of strings (with a key:
 -- that key's value), its layout's number. Its stream entry gets the layout's fields, in the layout's order.
--- Returns {records written, entries acked, error or '', ids skipped (not pending on this consumer)...}.
--- A failed record write (error) acks nothing: the entries stay pending and the caller retries.
+-- Returns {records written, entries acked, error or '', n, the n ids lost from the group (below), ids skipped
+-- (not pending on this consumer)...}. A failed record write (error) acks nothing: the entries stay pending and
+-- the caller retries. An entry lost from the group (pending on no consumer, still in the stream, its record not
+-- written by anyone: the group was destroyed and created again at '$', or someone XACKed it) gets its record,
+-- with nothing to ack: skipped, its classified ticket had no record at all.
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 for k = 2, 3 do  -- a key of another type would fail half-way: refuse before writing anything
   local t = redis.call('TYPE', KEYS[k])['ok']
@@ -111,8 +114,7 @@ for k = 8, 7 + n_ids do
   if consumer == '' or mine[id] then
     acks[#acks + 1] = id
   else
-    skipped[#skipped + 1] = id
-    gone[id] = true
+    gone[id] = true  -- not ours: skipped, unless lost from the group (lost_from_group, per record)
   end
 end
 -- the latest-result key answers the entry with the highest stream id: an older entry's record (a later pass
@@ -124,6 +126,16 @@ local function holds_later(key, sid)
   local cur_sid = string.match(cur, '"stream_id": "(%d+%-%d+)"')
   return cur_sid ~= nil and id_less(sid, cur_sid)
 end
+-- pending on no consumer, still in the stream (a deleted one is its claimer's: an orphan dead letter), and its
+-- key holds no record of this entry or a later one (another worker's, or an earlier try of this write)
+local function lost_from_group(sid, key)
+  if not key or #redis.call('XPENDING', stream, group, sid, sid, 1) > 0 then return false end
+  if #redis.call('XRANGE', stream, sid, sid) == 0 then return false end
+  local cur = redis.pcall('GET', key)
+  local cur_sid = type(cur) == 'string' and string.match(cur, '"stream_id": "(%d+%-%d+)"') or nil
+  return cur_sid == nil or id_less(cur_sid, sid)
+end
+local lost = {}
 local kidx, written, err = 5, 0, ''
 local function try(cmd, key, ...)  -- the first refusal, with the command and key it hit (NOPERM names neither)
   local r = redis.pcall(cmd, key, ...)
@@ -148,7 +160,8 @@ while i <= #ARGV do
     key = KEYS[kidx]
     kidx = kidx + 1
   end
-  if not gone[sid] then
+  if gone[sid] and lost[sid] == nil then lost[sid] = lost_from_group(sid, key) end
+  if not gone[sid] or lost[sid] then
     local target, maxlen = KEYS[2], ARGV[3]
     if kind == 'd' then target, maxlen = KEYS[3], ARGV[4] end
     try('XADD', target, 'MAXLEN', '~', maxlen, '*', unpack(fields))
@@ -157,7 +170,13 @@ while i <= #ARGV do
   end
   if err ~= '' then break end  -- the rest would only be written again by the retry
 end
-local out = {written, 0, err}
+local lost_ids = {}
+for k = 8, 7 + n_ids do
+  local id = ARGV[k]
+  if lost[id] then lost_ids[#lost_ids + 1] = id elseif gone[id] then skipped[#skipped + 1] = id end
+end
+local out = {written, 0, err, #lost_ids}
+for _, id in ipairs(lost_ids) do out[#out + 1] = id end
 for _, id in ipairs(skipped) do out[#out + 1] = id end
 if err ~= '' then return out end  -- a record failed (e.g. OOM): ack nothing, the caller retries
 for s = 1, #acks, 1000 do

@@ -82,6 +82,24 @@ class Written:
 
     outcome: Outcome
     not_ours: list[str]  # pending on another consumer now, or already acked by an earlier attempt
+    lost_from_group: list[str] = field(default_factory=list)  # pending on no one, no record: written, no ack
+
+    def log_skipped(self, log, retry: int) -> None:
+        """A warning for the entries the write skipped, and one for those it wrote with nothing to acknowledge."""
+        if self.not_ours:
+            log.warning(
+                "entries_not_ours_anymore",
+                count=len(self.not_ours),
+                retry=retry,
+                note="acked by an earlier attempt, or reclaimed by another worker: not written again",
+            )
+        if self.lost_from_group:
+            log.warning(
+                "entries_lost_from_group",
+                count=len(self.lost_from_group),
+                note="pending on no consumer and settled by no one (the group destroyed and created again at '$', "
+                "or XACKed by hand): their records written, nothing to acknowledge",
+            )
 
 
 class ResultSink:
@@ -185,12 +203,14 @@ class ResultSink:
                 raise WriteRefused(str(e)) from e
             raise
         where, _, error = as_text(reply[2]).rpartition("\t")  # "XADD triage:results", Redis's own words
-        not_ours = [as_text(i) for i in reply[3:]]
+        n_lost = int(reply[3])
+        lost = [as_text(i) for i in reply[4 : 4 + n_lost]]
+        not_ours = [as_text(i) for i in reply[4 + n_lost :]]
         if error and is_permission_error(error):  # Redis's words only: the key may hold a ticket id
             raise WriteRefused(f"Redis refused the worker a command, nothing acknowledged: {where}: {error}")
         if error:
             raise WriteFailed(f"Redis refused a record, nothing acknowledged: {where}: {error}")
-        return Written(outcome.only(set(outcome.ack_ids) - set(not_ours)) if not_ours else outcome, not_ours)
+        return Written(outcome.only(set(outcome.ack_ids) - set(not_ours)) if not_ours else outcome, not_ours, lost)
 
 
 def _records(outcome: Outcome) -> list[tuple[str, dict[str, str]]]:
