@@ -421,3 +421,30 @@ def test_a_stop_ends_the_wait_for_new_entries(redis_url, key_prefix, monkeypatch
     clock.sleep = sleep_then_stop
     assert not source.read_new(16, 600_000, stop=stop)
     assert len(clock.slept) == 3 and clock.now - 1000.0 < 1  # not ten minutes of polls
+
+
+def test_the_wait_for_a_first_new_entry_is_told_apart_from_the_read(redis_url, key_prefix):
+    """A window's ``read_ms`` (and ``triage_window_read_duration_seconds``) counted the idle wait before its first
+    ticket arrived (an audit: read_ms 451 ms for a ticket classified 59 ms after it was sent). ``read_new`` now says
+    how long it waited before the read that found entries (``idle_s``), which the reader leaves out."""
+    r = redis.Redis.from_url(redis_url)
+    stream = key_prefix + "tickets"
+    source = StreamSource(r, stream, GROUP, "reader")
+    source.ensure_group()
+    r.xadd(stream, {"id": "there", "text": "already queued"})
+    assert source.read_new(10, block_ms=5000).idle_s == 0.0  # found by the first read: no wait
+
+    polls = []
+    real = source._read_new
+
+    def read_then_send(count, budget):  # the ticket arrives after the third empty poll
+        got = real(count, budget)
+        polls.append(len(got))
+        if len(polls) == 3:
+            r.xadd(stream, {"id": "later", "text": "sent while the worker waited"})
+        return got
+
+    source._read_new = read_then_send
+    got = source.read_new(10, block_ms=60_000)
+    assert [e.fields[b"id"] for e in got] == [b"later"] and polls == [0, 0, 0, 1]
+    assert got.idle_s > 0

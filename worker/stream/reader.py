@@ -122,6 +122,7 @@ class Reader(threading.Thread):
         self._next_claim_s = 0.0  # claim on start: a dead predecessor's entries come first
         self._partial: list[RawEntry] = []
         self._read_ms = 0.0
+        self._idle_s = 0.0
         self._epoch = 0  # the group epoch of the read in progress
 
     def _group_recreated(self) -> None:
@@ -209,6 +210,7 @@ class Reader(threading.Thread):
 
     def _read(self) -> tuple[str, list[RawEntry]]:
         t0 = time.perf_counter()
+        self._idle_s = 0.0  # the wait for a first new entry: no window yet, not its read time
         budget = self.source.limits.budget(self.cap_items)  # bytes this window may read (TRIAGE_READ_MAX_BYTES)
         try:
             if self._pending_cursor is not None:
@@ -245,7 +247,7 @@ class Reader(threading.Thread):
                     return "claimed", fresh
             return "new", self._drain_new(budget)
         finally:
-            self._read_ms = (time.perf_counter() - t0) * 1000
+            self._read_ms = (time.perf_counter() - t0 - self._idle_s) * 1000
 
     def _dead_letter_deleted(self, ids: list[str]) -> None:
         """Pending entries of another consumer deleted from the stream (XDEL, a MAXLEN trim): XAUTOCLAIM drops them
@@ -310,6 +312,7 @@ class Reader(threading.Thread):
         """Up to N entries and ``budget`` bytes: wait until the first arrives, then at most max_wait_ms more to fill."""
         block = self.DRAIN_BLOCK_MS if self.drain else self.IDLE_BLOCK_MS
         read = self.source.read_new(self.cap_items, block, budget, stop=self.stop)
+        self._idle_s = read.idle_s
         budget -= read.looked_at
         got = self._take_new(read)
         self._partial = got

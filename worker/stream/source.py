@@ -44,6 +44,7 @@ class Entries(list):
     """The entries of one read, and the bytes of every entry it looked at (``looked_at``; unread ones in full)."""
 
     looked_at = 0
+    idle_s = 0.0  # read_new: waited before the read that found them (no entry to read yet: not this window's work)
 
 
 class PollPause:
@@ -163,11 +164,14 @@ class StreamSource:
         got = self._read_new(count, budget)
         if got or not block_ms:
             return got
-        deadline = time.monotonic() + block_ms / 1000
+        started = time.monotonic()
+        deadline = started + block_ms / 1000
         while (left := deadline - time.monotonic()) > 0 and not (stop is not None and stop.is_set()):
             time.sleep(min(self.poll.next(time.monotonic()), left))
+            asked = time.monotonic()
             got = self._read_new(count, budget)
             if got:
+                got.idle_s = asked - started
                 break
         return got
 
