@@ -5,18 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from worker.commands.arg_types import at_least
 
-def at_least(floor: int):
-    """An argparse type: a whole number >= ``floor`` (``--limit 0`` sent one ticket, ``synth --n -1`` raised)."""
-
-    def parse(text: str) -> int:
-        n = int(text)
-        if n < floor:
-            raise argparse.ArgumentTypeError(f"must be at least {floor}, got {n}")
-        return n
-
-    parse.__name__ = "number"  # argparse names the type in its message for a non-number: "invalid number value"
-    return parse
+__all__ = ["at_least", "entry_id_arg", "seconds"]
 
 
 def seconds(text: str) -> float:

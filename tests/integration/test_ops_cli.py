@@ -334,3 +334,11 @@ def test_a_counted_watch_whose_last_refresh_failed_exits_1_and_an_empty_probe_na
     assert got["watch"].returncode == 1 and got["watch"].stdout == "" and "cannot read Redis" in got["watch"].stderr
     for flag in ("consumer", "host"):
         assert got[flag].returncode == 2 and f"--{flag}: is empty" in got[flag].stderr, got[flag].stderr
+
+
+def test_verify_and_eval_refuse_a_limit_under_1_before_loading_the_model(triage_env, tmp_path):
+    """`verify --limit 0` loaded the model, then said "none of the 0 tickets is valid"; a usage error now."""
+    for args in (["verify", "--input", str(tmp_path / "t.jsonl"), "--limit", "0"], ["eval", "--limit", "-1"]):
+        r = run_cli(triage_env, *args)
+        assert r.returncode == 2 and "argument --limit: must be at least 1" in r.stderr, r.stderr
+        assert r.stderr.startswith("usage:"), r.stderr  # argparse's, before anything loads

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from worker.commands.arg_types import at_least
 from worker.commands.model_flags import add_model_arguments, settings_from_args
 
 NAME = "eval"
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "sum of its fine labels' probabilities, as `fit --fine-labels` (needs --label-map or a named set with one: "
         "clinc150-domains); prompt variants and all scores stay in the mapped labels",
     )
-    p.add_argument("--limit", type=int, default=None, help="score a seeded random sample of N test tickets")
+    p.add_argument("--limit", type=at_least(1), default=None, help="score a seeded random sample of N test tickets")
     p.add_argument(
         "--train-per-label",
         type=int,

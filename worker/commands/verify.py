@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from worker.commands.arg_types import at_least
 from worker.commands.model_flags import add_model_arguments, settings_from_args
 
 NAME = "verify"
@@ -25,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="JSON Lines with a 'text' field (optional 'id'), or CSV with a 'text' column",
     )
-    p.add_argument("--limit", type=int, default=None, help="only the first N tickets")
+    p.add_argument("--limit", type=at_least(1), default=None, help="only the first N tickets")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the full report here")
     add_model_arguments(p)
     p.add_argument(
