@@ -82,7 +82,7 @@ SETTLE = (
 -- (not pending on this consumer)...}. A failed record write (error) acks nothing: the entries stay pending and
 -- the caller retries. An entry lost from the group (pending on no consumer, still in the stream, its record not
 -- written by anyone: the group was destroyed and created again at '$', or someone XACKed it) gets its record,
--- with nothing to ack: skipped, its classified ticket had no record at all.
+-- with nothing to ack (skipped as not ours, its classified ticket had no record at all).
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 for k = 2, 3 do  -- a key of another type would fail half-way: refuse before writing anything
   local t = redis.call('TYPE', KEYS[k])['ok']
