@@ -7,7 +7,7 @@ results = client.wait(sent, timeout_s=30)      # {ticket_id: Result}, each answe
 """
 
 from producer.client import BacklogFull, Submitted, TriageClient
-from producer.redis_errors import AclRefused
+from producer.redis_errors import AclRefused, WrongType
 from producer.results import Result
 from producer.rq_client import enqueue_ticket, enqueue_tickets, triage_queue
 from producer.settings import ProducerSettings
@@ -28,4 +28,5 @@ __all__ = [
     "enqueue_ticket",
     "enqueue_tickets",
     "triage_queue",
+    "WrongType",
 ]

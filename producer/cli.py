@@ -78,6 +78,14 @@ def cmd_send(args) -> int:
     from producer.client import BacklogFull, InvalidTicket
 
     client = _client(args)
+    if args.wait_s:  # the streams the wait reads: one of another type is said before anything is sent
+        from producer.redis_errors import WrongType
+
+        try:
+            client._stream_tails()
+        except WrongType as e:
+            e.submitted = []  # type: ignore[attr-defined]
+            raise
     with _open_ids_out(args.ids_out) as ids_out:
         try:
             sent = _submit_with_bar(client, rows, f"send {Path(args.file).name}")
@@ -98,7 +106,7 @@ def cmd_send(args) -> int:
 
 def _read_rows(path: str, limit: int | None) -> list[tuple[int, dict]]:
     """The file's tickets with the line each starts on, or ``BadInput`` (exit 2) for what ended in a traceback: a
-    file that is not UTF-8 (a Latin-1 export), a CSV field over the csv module's size limit."""
+    file that is not UTF-8 (a Latin-1 export), a CSV field over the csv module's size limit, a quote nothing closes."""
     from worker.ticket_files import TicketFileError, read_numbered
 
     try:
@@ -312,6 +320,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wrong_type_lines(args, e) -> list[str]:
+    """The settings (TRIAGE_*_STREAM) whose key ``e`` (a ``WrongType``) met, one line each, as ``triage-worker status``
+    says them: with the key's type where TYPE may be asked (it is not in the producer's ACL line: "another type"
+    then). Empty when the key is no stream setting's."""
+    from worker.key_checks import stream_keys, stream_type_problems
+
+    settings = _settings(args)
+    named = set(e.keys.split(", "))  # XREAD names both streams it reads
+    keys = {var: key for var, key in stream_keys(settings).items() if key in named}
+    if not keys:
+        return []
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        problems = stream_type_problems(client, keys)
+    except redis.RedisError:  # TYPE refused (the ACL), or Redis gone meanwhile: said without the type
+        problems = []
+    finally:
+        client.close()
+    if problems:
+        return [str(p) for p in problems]
+    if len(keys) == 1:
+        [(var, key)] = keys.items()
+        return [f"{var}: the key {key!r} holds another Redis type than a stream; rename it or point {var} elsewhere"]
+    return [
+        f"{' / '.join(keys)}: one of the keys {', '.join(map(repr, keys.values()))} holds another Redis type than a "
+        f"stream ({e.command}: {e.why}); rename it or point its setting elsewhere"
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     from worker.redact import install_excepthook, register_env_secrets, register_url_secrets
 
@@ -320,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     register_url_secrets(args.redis_url)
     from producer.client import BacklogFull
+    from producer.redis_errors import WrongType
 
     try:
         return int(args._run(args) or 0)
@@ -336,6 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C (`results --follow` handles its own): one line, what was sent
         print(f"triage-producer {args.command}: interrupted{_partial(e)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except WrongType as e:  # a stream setting naming a key of another type: a configuration error, as for the worker
+        lines = _wrong_type_lines(args, e)
+        if lines:
+            sent = ""
+            if getattr(e, "submitted", None):  # a send stopped part-way (the key was replaced meanwhile)
+                sent = _partial(e)
+            elif hasattr(e, "submitted"):  # a send stopped at its first chunk
+                sent = "; nothing was sent"
+            for line in lines[:-1]:
+                print(f"triage-producer {args.command}: {line}", file=sys.stderr)
+            print(f"triage-producer {args.command}: {lines[-1]}{sent}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"triage-producer {args.command}: Redis error: {e}{_partial(e)}", file=sys.stderr)
+        return EXIT_FAILED
     except redis.exceptions.NoPermissionError as e:  # the user's ACL is too narrow: a configuration error
         from producer.redis_errors import refused_line
 

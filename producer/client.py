@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from producer.redis_errors import AclRefused, asking, execute, refusal
+from producer.redis_errors import AclRefused, WrongType, asking, execute, refusal
 from producer.results import Result, as_str
 from producer.settings import ProducerSettings
 from producer.streams import StreamScan, decode_dead_letter, entry_after, follow, recent
@@ -146,7 +146,8 @@ class TriageClient:
         """Tickets in the input stream not yet classified: the group's lag + pending entries.
 
         Classified entries stay in the stream (acked, not deleted), so XLEN is not
-        the backlog. Without a consumer group (no worker ever ran) every entry waits.
+        the backlog. Without a consumer group (no worker ever ran) every entry waits. A key of another type than a
+        stream at ``input_stream`` raises ``WrongType`` (a ``redis.ResponseError``), never a backlog of 0.
         """
         s = self.settings
         groups = self._groups()
@@ -168,12 +169,13 @@ class TriageClient:
             return int(self.redis.xlen(s.input_stream))
 
     def _groups(self) -> list | None:
-        """XINFO GROUPS of the input stream; None when there is no such stream. A refusal of the ACL is raised
-        (``AclRefused``): read as "no such stream", it made the backlog 0 and the look-up of expired results nothing."""
+        """XINFO GROUPS of the input stream; None when there is no such stream. A refusal of the ACL (``AclRefused``)
+        and a key of another type (``WrongType``: a string at TRIAGE_INPUT_STREAM) are raised: read as "no such
+        stream", they made the backlog 0 and the look-up of expired results nothing."""
         try:
             with asking("XINFO GROUPS", self.settings.input_stream):
                 return self.redis.xinfo_groups(self.settings.input_stream)
-        except AclRefused:
+        except (AclRefused, WrongType):
             raise
         except redis.ResponseError:
             return None

@@ -5,6 +5,10 @@ arguments", naming neither the command nor the key, and a refused ``XINFO GROUPS
 such key": the backlog read as 0 (backpressure off) and ``wait`` never looked for an expired result. So every call of
 the client goes through ``asking`` (a pipeline through ``execute``), and a refusal is an ``AclRefused`` naming both;
 the CLI prints it in one line and exits 2. The least-privilege line: docs/producer.md, "Redis ACL".
+
+A key of another type where a stream belongs (``SET triage:tickets x``) is likewise a ``ResponseError`` ("WRONGTYPE")
+that ``XINFO GROUPS`` would read as "no such key" (a backlog of 0): it comes out as a ``WrongType`` naming the command
+and the key, which the CLI tells as the setting to fix (exit 2).
 """
 
 from __future__ import annotations
@@ -28,8 +32,23 @@ class AclRefused(redis.exceptions.NoPermissionError):
         super().__init__(f"the Redis user may not run {command} {where} ({why})")
 
 
+class WrongType(redis.exceptions.ResponseError):
+    """``command`` met a key of ``keys`` that holds another Redis type than the command works on (a string where a
+    stream belongs): Redis's WRONGTYPE, naming the command and the key(s). Still a ``ResponseError``."""
+
+    def __init__(self, command: str, keys: str, why: str):
+        self.command, self.keys, self.why = command, keys, why
+        super().__init__(f"{command} {keys}: {why}")
+
+
+def is_wrong_type(reply: object) -> bool:
+    """Redis's WRONGTYPE error reply (``Operation against a key holding the wrong kind of value``)."""
+    return isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith("WRONGTYPE")
+
+
 def refusal(reply: Exception, command: str, keys: str) -> Exception:
-    """``reply`` (an error reply or exception) as an ``AclRefused`` when it is a refusal of the ACL; else as it is.
+    """``reply`` (an error reply or exception) as an ``AclRefused`` when it is a refusal of the ACL, as a ``WrongType``
+    when a key holds another type; else as it is.
 
     When Redis names another command than the call's, that one was refused: redis-py's ``SELECT`` of a URL's
     database (``/1``) on connecting, sent before the call and refused with the call's name on it."""
@@ -39,6 +58,8 @@ def refusal(reply: Exception, command: str, keys: str) -> Exception:
         if refused != command.upper():
             return AclRefused(refused, keys, str(reply), before=command)
         return AclRefused(command, keys, str(reply))
+    if is_wrong_type(reply) and not isinstance(reply, WrongType):
+        return WrongType(command, keys, str(reply))
     return reply
 
 
@@ -47,10 +68,11 @@ _NAMED = re.compile(r"run the '([^']+)' command")
 
 @contextmanager
 def asking(command: str, keys: str) -> Iterator[None]:
-    """Run one call of ``command`` on ``keys``: a refusal of the ACL comes out as an ``AclRefused`` naming them."""
+    """Run one call of ``command`` on ``keys``: a refusal of the ACL comes out as an ``AclRefused`` naming them, a key
+    of another type as a ``WrongType``."""
     try:
         yield
-    except redis.exceptions.NoPermissionError as e:
+    except redis.exceptions.ResponseError as e:
         raised = refusal(e, command, keys)
         if raised is e:
             raise
@@ -60,7 +82,7 @@ def asking(command: str, keys: str) -> Iterator[None]:
 def execute(pipe, command: str, keys: Sequence[str]) -> list:
     """The replies of a pipeline of ``command`` calls, one per key of ``keys``; the first error reply raised, a
     refusal of the ACL as an ``AclRefused`` naming its key (redis-py's own message gives the command and all its
-    arguments instead: a whole ticket, for an XADD)."""
+    arguments instead: a whole ticket, for an XADD), a key of another type as a ``WrongType``."""
     replies = pipe.execute(raise_on_error=False)
     for key, reply in zip(keys, replies):
         if isinstance(reply, Exception):

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.redact import masked_repr_args
+
 
 class ProducerSettings(BaseSettings):
     """Where tickets go, where results come from, and how hard to push (``TRIAGE_<NAME>``)."""
@@ -40,6 +42,11 @@ class ProducerSettings(BaseSettings):
 
     # --- waiting for results -----------------------------------------------
     wait_poll_max_ms: int = Field(500, ge=1, description="Longest pause between result checks while waiting.")
+
+    def __repr_args__(self):
+        """``repr``/``str`` with the URL's password masked: an integrator's log line that formats the settings
+        printed it in clear."""
+        return masked_repr_args(super().__repr_args__())
 
     @field_validator("redis_url", "input_stream", "results_stream", "dead_letter_stream", "result_key_prefix", "group")
     @classmethod

@@ -205,6 +205,16 @@ def register_env_secrets(environ: dict | None = None) -> None:
             register_url_secrets(value)
 
 
+def masked_repr_args(args):
+    """A settings class's ``__repr_args__`` with every ``*_url`` value masked (``redis://u:***@h``): a log line that
+    formats the settings printed the Redis password in clear. The attributes and ``model_dump()`` keep the real URL."""
+    for name, value in args:
+        yield (
+            name,
+            mask_url(value) if isinstance(name, str) and name.endswith("_url") and isinstance(value, str) else value,
+        )
+
+
 def install_excepthook() -> None:
     """Uncaught exceptions print a plain traceback (no locals) with secrets masked, as the last resort."""
     import sys

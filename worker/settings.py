@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.engine.constants import BUNDLED_MODEL
+from worker.redact import masked_repr_args
 
 ENV_PREFIX = "TRIAGE_"
 # Old name -> what replaced it. Still read (the new names win); start-up logs a warning (worker.assemble).
@@ -255,6 +256,10 @@ class Settings(BaseSettings):
     _pass_overhead_valid = field_validator("pass_overhead_tokens")(
         _auto_or_at_least(0, "'auto' or a number of tokens >= 0")
     )
+
+    def __repr_args__(self):
+        """``repr``/``str`` with the Redis URL's password masked: a log line that formats the settings printed it."""
+        return masked_repr_args(super().__repr_args__())
 
     @field_validator("labels")
     @classmethod

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import uuid
 from pathlib import Path
 
 
@@ -56,10 +58,23 @@ def _jsonl_rows(path: Path, f):
         yield n, row
 
 
+_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _then_end_mark(f, mark: str):
+    """The file's lines, then ``mark``: a row of its own, unless a quoted field is still open at the end of the file,
+    which the csv module (not strict) reads as a field running to the end, every line after it included."""
+    yield from f
+    yield mark
+
+
 def _csv_rows(path: Path, f):
     """Rows as ``csv.DictReader`` makes them (extra cells under ``None``, missing ones ``None``), numbered: the
-    reader's ``line_num`` before a row is the line above it (a blank line is a row of no cells, skipped)."""
-    reader = csv.reader(f)
+    reader's ``line_num`` before a row is the line above it (a blank line is a row of no cells, skipped). A quote
+    nothing closes is refused: ``c1,"unterminated`` went out as a ticket, and one earlier in the file made every
+    ticket after it part of one."""
+    mark = f"end-of-file-{uuid.uuid4().hex}"  # no quote, comma or line break
+    reader = csv.reader(_then_end_mark(f, mark))
     try:
         names = next(reader, None)
     except csv.Error as e:
@@ -74,8 +89,14 @@ def _csv_rows(path: Path, f):
             return
         except csv.Error as e:
             raise UnreadableCsv(f"{path}:{start}: unreadable CSV: {e}") from None
-        if not cells:
+        if not cells or cells == [mark]:
             continue
+        if cells[-1].endswith(mark):  # the field opens after the line breaks of the row's earlier cells
+            opens = start + sum(len(_BREAK.findall(c)) for c in cells[:-1])
+            raise UnreadableCsv(
+                f"{path}:{opens}: unreadable CSV: a quoted field opens on this line and no quote closes it (it would "
+                "run to the end of the file); close the quote, or double each quote inside the field"
+            )
         row: dict = dict(zip(names, cells))
         if len(cells) > len(names):
             row[None] = cells[len(names) :]

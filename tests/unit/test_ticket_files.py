@@ -86,3 +86,15 @@ def test_a_file_that_is_not_utf8_is_one_reason_for_every_caller(tmp_path):
     p.write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1"))
     with pytest.raises(TicketFileError, match=r"latin1\.jsonl: not UTF-8 text \(save it as UTF-8\)"):
         read_numbered(p)
+
+
+def test_a_quote_nothing_closes_is_refused_at_the_line_its_field_opens(tmp_path):
+    """The csv module reads it as a field to the end of the file: ``c1,"unterminated`` became a ticket, and one
+    earlier in the file took every row after it into one. verify, eval and the producer read files this way."""
+    f = tmp_path / "t.csv"
+    f.write_text('id,text\nc0,"two\nlines"\nc1,"runs on\nc2,over the rest\n', encoding="utf-8")
+    with pytest.raises(TicketFileError, match=r"t\.csv:4: unreadable CSV: a quoted field opens on this line"):
+        read_tickets(f)
+    assert [r["id"] for r in read_tickets(f, limit=1)] == ["c0"]  # the rows before it, when the limit stops there
+    f.write_text('id,text\nc0,"said ""hi"""', encoding="utf-8")  # a quote closed at the very end of the file
+    assert read_tickets(f) == [{"id": "c0", "text": 'said "hi"'}]
