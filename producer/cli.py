@@ -320,35 +320,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wrong_type_lines(args, e) -> list[str]:
-    """The settings (TRIAGE_*_STREAM) whose key ``e`` (a ``WrongType``) met, one line each, as ``triage-worker status``
-    says them: with the key's type where TYPE may be asked (it is not in the producer's ACL line: "another type"
-    then). Empty when the key is no stream setting's."""
-    from worker.key_checks import stream_keys, stream_type_problems
-
-    settings = _settings(args)
-    named = set(e.keys.split(", "))  # XREAD names both streams it reads
-    keys = {var: key for var, key in stream_keys(settings).items() if key in named}
-    if not keys:
-        return []
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=5)
-    try:
-        problems = stream_type_problems(client, keys)
-    except redis.RedisError:  # TYPE refused (the ACL), or Redis gone meanwhile: said without the type
-        problems = []
-    finally:
-        client.close()
-    if problems:
-        return [str(p) for p in problems]
-    if len(keys) == 1:
-        [(var, key)] = keys.items()
-        return [f"{var}: the key {key!r} holds another Redis type than a stream; rename it or point {var} elsewhere"]
-    return [
-        f"{' / '.join(keys)}: one of the keys {', '.join(map(repr, keys.values()))} holds another Redis type than a "
-        f"stream ({e.command}: {e.why}); rename it or point its setting elsewhere"
-    ]
-
-
 def main(argv: list[str] | None = None) -> int:
     from worker.redact import install_excepthook, register_env_secrets, register_url_secrets
 
@@ -375,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triage-producer {args.command}: interrupted{_partial(e)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except WrongType as e:  # a stream setting naming a key of another type: a configuration error, as for the worker
-        lines = _wrong_type_lines(args, e)
+        from producer.redis_errors import wrong_type_lines
+
+        lines = wrong_type_lines(_settings(args), e)
         if lines:
             sent = ""
             if getattr(e, "submitted", None):  # a send stopped part-way (the key was replaced meanwhile)

@@ -110,3 +110,31 @@ def partial(e: BaseException) -> str:
     if not unsure:
         return f" ({len(e.submitted)} tickets sent before that)"
     return f" ({len(e.submitted)} tickets sent before that; {unsure} more may have been: their reply was lost)"
+
+
+def wrong_type_lines(settings, e: WrongType) -> list[str]:
+    """The settings (TRIAGE_*_STREAM) whose key ``e`` met, one line each, as ``triage-worker status``
+    says them: with the key's type where TYPE may be asked (it is not in the producer's ACL line: "another type"
+    then). Empty when the key is no stream setting's."""
+    from worker.key_checks import stream_keys, stream_type_problems
+
+    named = set(e.keys.split(", "))  # XREAD names both streams it reads
+    keys = {var: key for var, key in stream_keys(settings).items() if key in named}
+    if not keys:
+        return []
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        problems = stream_type_problems(client, keys)
+    except redis.RedisError:  # TYPE refused (the ACL), or Redis gone meanwhile: said without the type
+        problems = []
+    finally:
+        client.close()
+    if problems:
+        return [str(p) for p in problems]
+    if len(keys) == 1:
+        [(var, key)] = keys.items()
+        return [f"{var}: the key {key!r} holds another Redis type than a stream; rename it or point {var} elsewhere"]
+    return [
+        f"{' / '.join(keys)}: one of the keys {', '.join(map(repr, keys.values()))} holds another Redis type than a "
+        f"stream ({e.command}: {e.why}); rename it or point its setting elsewhere"
+    ]
