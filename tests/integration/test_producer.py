@@ -232,7 +232,7 @@ def test_a_redis_error_part_way_through_a_send_says_what_was_sent(r, settings, r
         proxy.drop_at(b"XLEN", after=False, outage=True)  # the first chunk's check meets no stream: no XLEN
         with pytest.raises(redis.ConnectionError) as lost:
             client.submit_many([{"text": f"t{i}", "id": f"L-{i}"} for i in range(5)])
-        assert proxy.triggered.is_set()
+        assert proxy.triggered.wait(10)  # set by the proxy's thread just after its cut, which the client saw first
     assert [s.ticket_id for s in lost.value.submitted] == ["L-0", "L-1"] and lost.value.unconfirmed == []
     assert r.xlen(settings.input_stream) == 2
 
