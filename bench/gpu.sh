@@ -104,7 +104,11 @@ summarize() {
   esac
   {
     echo "== $name: exit $rc, ${SECONDS}s into the call =="
-    grep -E "$pattern" "$RES/$name.txt" 2>/dev/null | cut -c1-220 | head -n 40
+    if [ "$name" = verify ] && [ ! -s "$RES/verify.txt" ]; then  # stopped before it printed: each process's own
+      for f in "$RES"/verify-*-*.txt; do [ -f "$f" ] && echo "-- ${f##*/}" && cat "$f"; done
+    else
+      cat "$RES/$name.txt" 2>/dev/null
+    fi | grep -E "$pattern" | cut -c1-220 | head -n 40
     cat "$RES/$name.err" "$RES"/"$name"-*.err 2>/dev/null | grep -E 'falls back|CUDA graphs off|Traceback|Error|error:' | sort | uniq -c | head -n 8
   } >> "$OUT/summary.txt"
 }

@@ -138,6 +138,8 @@ def redis_url_problem(url: str, var: str = "TRIAGE_REDIS_URL") -> Problem | None
                 f"its query option {option.group(1) if option else '?'!r} is not one a "
                 f"{urlsplit(url).scheme}:// connection takes (TLS options need rediss://)"
             ) from None
+        except redis.RedisError as e:  # a value it refuses: ssl_cert_reqs=bogus, protocol=5
+            raise ValueError(f"a query option's value: {e}") from None
         parts = urlsplit(url)
         if parts.scheme in ("redis", "rediss"):
             if not parts.hostname:

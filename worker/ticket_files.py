@@ -79,6 +79,10 @@ def _csv_rows(path: Path, f):
         names = next(reader, None)
     except csv.Error as e:
         raise UnreadableCsv(f"{path}:1: unreadable CSV: {e}") from None
+    if names == [mark]:  # an empty file
+        names = None
+    if names and names[-1].endswith(mark):  # the header's quote runs to the end: the whole file is one header
+        raise UnreadableCsv(f"{path}:1: unreadable CSV: a quoted field of the header row never closes")
     if not names or "text" not in names:
         raise TicketFileError(f"{path}: CSV needs a 'text' column (found {names})")
     while True:

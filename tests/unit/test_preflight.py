@@ -78,6 +78,8 @@ def test_invalid_value_is_named_by_its_env_var(monkeypatch):
         ("", "is empty"),
         ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "need rediss://"),
         ("redis://127.0.0.1:6379/0?sockettimeout=5", "'sockettimeout'"),
+        ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus", "Invalid SSL Certificate Requirements Flag: bogus"),
+        ("redis://127.0.0.1:6379/0?protocol=5", "protocol must be either 2 or 3"),
     ],
 )
 def test_malformed_redis_urls(url, words):

@@ -96,5 +96,8 @@ def test_a_quote_nothing_closes_is_refused_at_the_line_its_field_opens(tmp_path)
     with pytest.raises(TicketFileError, match=r"t\.csv:4: unreadable CSV: a quoted field opens on this line"):
         read_tickets(f)
     assert [r["id"] for r in read_tickets(f, limit=1)] == ["c0"]  # the rows before it, when the limit stops there
+    f.write_text('text,"note\nhello,a\n', encoding="utf-8")  # in the header: it read as 0 tickets, no error
+    with pytest.raises(TicketFileError, match=r"t\.csv:1: unreadable CSV: a quoted field of the header row"):
+        read_tickets(f)
     f.write_text('id,text\nc0,"said ""hi"""', encoding="utf-8")  # a quote closed at the very end of the file
     assert read_tickets(f) == [{"id": "c0", "text": 'said "hi"'}]

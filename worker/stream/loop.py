@@ -93,6 +93,7 @@ class _Loop:
             orphans=ResultSink.for_worker(self.source.client, settings, owned=False),
             on_orphans_dead_lettered=self._count_orphans,
         )
+        self.sink.held_floor = self.reader.in_flight.lowest  # the trim keeps what this process holds
         self.writer = Writer(
             self._commit, on_written=self._on_written, on_window_done=self._on_window_done, max_queued=2
         )

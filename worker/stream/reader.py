@@ -23,7 +23,7 @@ from worker.stream.messages import DELETED_REASON
 from worker.stream.records import dead_letter_fields
 from worker.stream.sink import Outcome, ResultSink
 from worker.stream.sizing import WindowSizer
-from worker.stream.source import RawEntry, StreamSource
+from worker.stream.source import RawEntry, StreamSource, id_order
 from worker.stream.window import Window, build_window
 
 END = "end"  # stop was requested; everything read before it has been queued
@@ -63,6 +63,12 @@ class InFlight:
     def snapshot(self, epoch: int, *, whole_only: bool = False) -> list[str]:
         with self._lock:
             return [i for i, e in self._ids.items() if e == epoch and not (whole_only and i in self._unread)]
+
+    def lowest(self) -> str | None:
+        """The lowest id held (any epoch), None when none: the settle's trim stays below it, so an entry of ours that
+        its group lost (created again at '$') is still in the stream when its record is written."""
+        with self._lock:
+            return min(self._ids, key=id_order, default=None)
 
     def __len__(self) -> int:
         with self._lock:

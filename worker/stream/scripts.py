@@ -74,7 +74,8 @@ SETTLE = (
 -- KEYS[1] input stream, KEYS[2] results stream, KEYS[3] dead-letter stream, KEYS[4] recovery-point key,
 -- KEYS[5..] the latest-result key of each record that has one, in record order.
 -- ARGV[1] group, ARGV[2] consumer ('' = no ownership check), ARGV[3] results maxlen, ARGV[4] dead-letter maxlen,
--- ARGV[5] result key ttl s, ARGV[6] trim the input stream (1/0), ARGV[7] number of ack ids, the ack ids,
+-- ARGV[5] result key ttl s, ARGV[6] trim the input stream: '0' no, '1' yes, or an id: yes, never at or above it
+-- (the lowest entry this process holds), ARGV[7] number of ack ids, the ack ids,
 -- then the number of field layouts and each layout (its field count, its field names), then per record: kind
 -- ('r' result | 'd' dead letter), stream id, has key (1/0), the record as one JSON object of strings (with a key:
 -- that key's value), its layout's number. Its stream entry gets the layout's fields, in the layout's order.
@@ -126,10 +127,20 @@ local function holds_later(key, sid)
   local cur_sid = string.match(cur, '"stream_id": "(%d+%-%d+)"')
   return cur_sid ~= nil and id_less(sid, cur_sid)
 end
--- pending on no consumer, still in the stream (a deleted one is its claimer's: an orphan dead letter), and its
--- key holds no record of this entry or a later one (another worker's, or an earlier try of this write)
+-- at or below the group's last delivered id (above it, as after a recreation at the recovery point, it is
+-- delivered again), pending on no consumer, still in the stream (a deleted one is its claimer's: an orphan dead
+-- letter), and its key holds no record of this entry or a later one (another worker's, or an earlier try of this
+-- write)
+local last_delivered = nil
 local function lost_from_group(sid, key)
-  if not key or #redis.call('XPENDING', stream, group, sid, sid, 1) > 0 then return false end
+  if not key then return false end
+  if last_delivered == nil then
+    last_delivered = '0-0'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      if field(g, 'name') == group then last_delivered = field(g, 'last-delivered-id') end
+    end
+  end
+  if id_less(last_delivered, sid) or #redis.call('XPENDING', stream, group, sid, sid, 1) > 0 then return false end
   if #redis.call('XRANGE', stream, sid, sid) == 0 then return false end
   local cur = redis.pcall('GET', key)
   local cur_sid = type(cur) == 'string' and string.match(cur, '"stream_id": "(%d+%-%d+)"') or nil
@@ -199,7 +210,8 @@ if consumer ~= '' then
       if floor == nil or id_less(need, floor) then floor = need end
     end
     if ours then redis.call('SET', KEYS[4], ours) end
-    if ARGV[6] == '1' and floor then redis.call('XTRIM', stream, 'MINID', '~', floor) end
+    if ARGV[6] ~= '1' and ARGV[6] ~= '0' and floor and id_less(ARGV[6], floor) then floor = ARGV[6] end
+    if ARGV[6] ~= '0' and floor then redis.call('XTRIM', stream, 'MINID', '~', floor) end
   end)
 end
 return out
