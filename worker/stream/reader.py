@@ -42,10 +42,16 @@ class InFlight:
         self._ids: dict[str, int] = {}
         self._unread: set[str] = set()  # held as markers (too large to read): the keeper leaves them alone
         self._lock = threading.Lock()
+        self._lowest: str | None = None  # kept as ids come, found again once it is discarded (per window, not pass)
+        self._lowest_known = True
 
     def add(self, ids: Sequence[str], epoch: int = 0, *, unread: Sequence[str] = ()) -> None:
         with self._lock:
             self._ids.update((i, epoch) for i in ids)
+            if ids and self._lowest_known:
+                least = min(ids, key=id_order)
+                if self._lowest is None or id_order(least) < id_order(self._lowest):
+                    self._lowest = least
             self._unread.difference_update(ids)
             self._unread.update(unread)
 
@@ -55,6 +61,8 @@ class InFlight:
                 if self._ids.get(i) == epoch:
                     del self._ids[i]
                     self._unread.discard(i)
+                    if i == self._lowest:
+                        self._lowest_known = False
 
     def fresh(self, entries: list[RawEntry], epoch: int = 0) -> list[RawEntry]:
         with self._lock:
@@ -68,7 +76,9 @@ class InFlight:
         """The lowest id held (any epoch), None when none: the settle's trim stays below it, so an entry of ours that
         its group lost (created again at '$') is still in the stream when its record is written."""
         with self._lock:
-            return min(self._ids, key=id_order, default=None)
+            if not self._lowest_known:
+                self._lowest, self._lowest_known = min(self._ids, key=id_order, default=None), True
+            return self._lowest
 
     def __len__(self) -> int:
         with self._lock:
