@@ -667,3 +667,33 @@ def test_refused_callback_never_runs_after_a_crash_in_the_forward_pass(rq_setup,
     assert refused.get_status() == JobStatus.FAILED
     assert "callback(s) not allowed" in refused.latest_result().exc_string
     assert in_pass == good.id  # only the accepted job went into the pass
+
+
+def test_a_job_hash_written_by_hand_fails_alone_and_odd_timeouts_fail_no_batch(rq_setup):
+    """A job whose args are ``null`` (a hash written by hand) raised out of the batch check: the worker quit with exit
+    0 and its whole batch waited in the intermediate list for RQ's maintenance to fail it. A job_timeout RQ takes
+    but no sum can (-358: the batch's limit became 2 s; 5e9: signal.alarm overflowed) failed every job of its batch."""
+    import json
+    import zlib
+
+    h, q = rq_setup, rq_setup.queue
+    good = [q.enqueue("worker.rq_jobs.classify", {"text": f"{TICKETS[i % 5]} #{i}"}) for i in range(6)]
+    odd = [q.enqueue("worker.rq_jobs.classify", {"text": TICKETS[1]}, job_timeout=t) for t in (-358, 5_000_000_000)]
+    hostile = {}
+    for name, args, kwargs in (("null args", None, {}), ("number args", 5, {}), ("list kwargs", [], ["ticket"])):
+        job = q.enqueue("worker.rq_jobs.classify", {"text": "hello"})
+        h.conn.hset(
+            job.key, "data", zlib.compress(json.dumps(["worker.rq_jobs.classify", None, args, kwargs]).encode())
+        )
+        hostile[name] = job
+    h.jobs += good + odd + list(hostile.values())
+
+    _run_to_exit(h)
+
+    _assert_labelled(h, good + odd)
+    reasons = {"null args": "args must be an array, got null", "number args": "args must be an array, got number"}
+    reasons["list kwargs"] = "kwargs must be an object, got array"
+    for name, job in hostile.items():
+        job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
+        assert job.get_status() == JobStatus.FAILED and reasons[name] in job.latest_result().exc_string, name
+    assert h.conn.llen(f"rq:intermediate:{q.name}") == 0

@@ -107,12 +107,18 @@ def check_job(entry: Entry, max_text_bytes: int, allowed_callbacks: frozenset[st
         entry.text = ticket_text(args, kwargs, max_text_bytes)
     except InvalidJob as e:
         entry.fail(e)
+    except Exception as e:  # noqa: BLE001 - whatever else a hand-written job hash breaks: its job fails, not the batch
+        entry.fail(InvalidJob(f"cannot read this job: {type(e).__name__}: {e}"))
+
+
+MAX_ALARM_S = 2**31 - 1  # the most signal.alarm takes (a C int): more raised OverflowError for the whole batch
 
 
 def batch_timeout_s(jobs: list[Job], default_s: int) -> int:
     """One timeout for a whole batch: its jobs' timeouts added up, the time RQ would give them one
-    after another (-1, no limit, if one job has none). Over it, every job of the batch fails."""
+    after another (-1, no limit, if one job has none: -1 or any other value <= 0, which RQ's alarm never sets; a
+    job's -358 made its batch's limit 2 s). Over it, every job of the batch fails."""
     timeouts = [int(job.timeout or default_s) for job in jobs]
-    if any(t == -1 for t in timeouts):
+    if any(t <= 0 for t in timeouts):
         return -1
-    return sum(timeouts)
+    return min(sum(timeouts), MAX_ALARM_S)

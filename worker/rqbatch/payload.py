@@ -25,7 +25,12 @@ def ticket_arg(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """The one ticket of ``classify(ticket)``, passed as Python would bind it: positional, or the keyword ``ticket``.
 
     Both RQ paths use this rule (a plain ``rq worker`` too, through ``rq_jobs.classify``), so a job runs, or fails
-    for the same reason, whichever worker takes it. Raises ``InvalidJob`` for any other keyword or count."""
+    for the same reason, whichever worker takes it. Raises ``InvalidJob`` for any other keyword or count, and for
+    args that are no list or kwargs no object (a job hash written by hand: ``null`` args stopped the batch worker)."""
+    if not isinstance(args, (list, tuple)):
+        raise InvalidJob(f"the job's args must be an array, got {_json_type(args)}")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidJob(f"the job's kwargs must be an object, got {_json_type(kwargs)}")
     extra = sorted(str(k) for k in kwargs if k != "ticket")
     if extra:
         raise InvalidJob(
