@@ -697,3 +697,32 @@ def test_a_job_hash_written_by_hand_fails_alone_and_odd_timeouts_fail_no_batch(r
         job = Job.fetch(job.id, connection=h.conn, serializer=JSONSerializer)
         assert job.get_status() == JobStatus.FAILED and reasons[name] in job.latest_result().exc_string, name
     assert h.conn.llen(f"rq:intermediate:{q.name}") == 0
+
+
+def test_a_job_canceled_or_deleted_while_its_batch_fills_is_not_run(rq_setup):
+    """A job waits for its batch in the intermediate list, out of the queue, where RQ's ``cancel`` and ``delete`` do
+    not reach: the canceled job ran (a Result, a results-stream record, still in the canceled registry) and the
+    deleted one's hash was written back whole. The batch is held open by its size (5, four queued) until the test
+    has canceled and deleted, then filled by a fifth job: no race with the fill's wait."""
+    h, q = rq_setup, rq_setup.queue
+    jobs = [q.enqueue("worker.rq_jobs.classify", {"text": TICKETS[i]}) for i in range(4)]
+    h.jobs += jobs
+    canceled, deleted = jobs[0], jobs[1]
+    with _running(h, "--burst", TRIAGE_WINDOW_MAX_ITEMS="5", TRIAGE_MAX_WAIT_MS="30000") as proc:
+        _wait_for(lambda: h.conn.llen(q.intermediate_queue_key) == 4, "the batch filling", proc, h)
+        canceled.cancel()
+        deleted.delete()
+        last = q.enqueue("worker.rq_jobs.classify", {"text": TICKETS[4]})
+        h.jobs.append(last)
+        assert proc.wait(timeout=120) == 0, h.log.read_text()
+    _assert_labelled(h, [*jobs[2:], last])
+    job = Job.fetch(canceled.id, connection=h.conn, serializer=JSONSerializer)
+    assert job.get_status() == JobStatus.CANCELED and job.latest_result() is None
+    assert not h.conn.exists(deleted.key)
+    mirrored = {f[b"id"].decode() for _, f in h.conn.xrange(h.env["TRIAGE_RESULTS_STREAM"])}
+    assert mirrored == {j.id for j in (*jobs[2:], last)}
+    assert {e["job_id"]: e["status"] for e in _log_events(h, "rq_job_left_before_start")} == {
+        canceled.id: "canceled",
+        deleted.id: "deleted",
+    }
+    assert h.conn.llen(q.intermediate_queue_key) == 0

@@ -46,6 +46,7 @@ class Entry:
     recorded: bool = False  # finished or failed in RQ's registries: no more heartbeats for its execution
     mirrored: bool = False  # its label is in the results stream
     repeats: tuple | None = None  # (repeats_left, repeat_intervals) before the first try to record its success
+    dropped: str | None = None  # not started: its status when its batch started ("canceled", ...) or "deleted"
 
     def fail(self, exc: BaseException) -> None:
         self.error = (type(exc), exc, exc.__traceback__)

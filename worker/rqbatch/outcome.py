@@ -35,18 +35,29 @@ from rq.utils import now
 from rq.worker import WorkerStatus
 
 from worker.rqbatch.failure import record_failure
-from worker.rqbatch.intake import uses_intermediate_queue
+from worker.rqbatch.intake import DONE, uses_intermediate_queue
 from worker.rqbatch.jobs import Entry
 from worker.rqbatch.landing import Landed, Landing
 from worker.rqbatch.payload import latency_ms, rq_stream_id
+from worker.stream.messages import as_text
 from worker.stream.records import result_fields
 
 if TYPE_CHECKING:
     from rq.worker import BaseWorker
 
 
+# A job's status, or false when its hash is gone: one round trip for a batch's jobs, on the watched connection.
+_STATUSES = "local out = {} for i, k in ipairs(KEYS) do out[i] = redis.call('HGET', k, 'status') end return out"
+_LEFT = {s.value for s in DONE}
+
+
 def start(worker: BaseWorker, entries: list[Entry], ttl: int, landing: Landing) -> None:
     """Mark every job STARTED with its own Execution, as RQ does right before running a job.
+
+    A job canceled, deleted or otherwise ended while its batch filled (it waited in the intermediate list, out of
+    the queue, where RQ's ``cancel`` and ``delete`` do not reach) is not started: it leaves the list and its entry is
+    marked ``dropped`` (it ran, and a deleted one's hash was written back whole). The job keys are WATCHed from that
+    read to the EXEC, so a change meanwhile is read again.
 
     Safe to call again after Redis refused it (``RedisWaits.until_written``), with the same ``landing``: a refused
     MULTI/EXEC applies nothing, and of the tries whose replies were lost at most one is applied, even one reaching
@@ -54,30 +65,49 @@ def start(worker: BaseWorker, entries: list[Entry], ttl: int, landing: Landing) 
     the job was failed as abandoned once that expired). The applied try's Executions are the jobs' (and
     ``worker.executions``). A job leaving its intermediate list also loses RQ's first sighting of it there: kept
     (24 h), a retried job listed again was failed as "stuck" at once."""
+    while True:
+        try:
+            return _start(worker, entries, ttl, landing)
+        except redis.WatchError:  # a job changed after its read (or the reply was lost): read and settle again
+            continue
+
+
+def _start(worker: BaseWorker, entries: list[Entry], ttl: int, landing: Landing) -> None:
     drop_intermediate = uses_intermediate_queue(worker)
+    keys = [e.job.key for e in entries]
     with worker.connection.pipeline() as pipe:
-        landing.watch(pipe)
+        landing.watch(pipe, *keys)
+        statuses = pipe.immediate_execute_command("EVAL", _STATUSES, len(keys), *keys)
         if landing.settle(pipe):
             return
+        text = [as_text(st) if st else "deleted" for st in statuses]  # no hash: deleted
+        left = {e.job.id: st for e, st in zip(entries, text) if st == "deleted" or st in _LEFT}
+        run = [e for e in entries if e.job.id not in left]
         pipe.multi()
         worker.heartbeat(max(ttl, worker.worker_ttl + 60), pipeline=pipe)
         executions = []
-        for e in entries:
+        for e in run:
             executions.append(Execution.create(e.job, ttl, pipeline=pipe, worker_name=worker.name))
             e.job.heartbeat(now(), ttl, pipeline=pipe)
             e.job.prepare_for_execution(worker.name, pipeline=pipe)
             pipe.persist(e.job.key)
+        for e in entries:
             if drop_intermediate:
                 pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
                 pipe.delete(e.queue.intermediate_queue.get_first_seen_key(e.job.id))
         worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
-        landing.execute(pipe, then=functools.partial(_started, worker, entries, executions))
+        landing.execute(pipe, then=functools.partial(_started, worker, entries, run, executions, left))
 
 
-def _started(worker: BaseWorker, entries: list[Entry], executions: list[Execution]) -> None:
-    for e, execution in zip(entries, executions):
+def _started(
+    worker: BaseWorker, entries: list[Entry], run: list[Entry], executions: list[Execution], left: dict[str, str]
+) -> None:
+    for e, execution in zip(run, executions):
         e.execution = execution
         worker.executions[execution.id] = execution
+    for e in entries:
+        if e.job.id in left:
+            e.dropped = left[e.job.id]
 
 
 def run_callbacks(worker: BaseWorker, entries: list[Entry]) -> None:

@@ -241,6 +241,10 @@ class BatchWorker(RedisWaits):
             ttl = self.get_heartbeat_ttl(accepted[0].job)
             begun = Landing(self)
             self.until_written(lambda: outcome.start(self, accepted, ttl, begun), op="rq_start")
+            for e in accepted:
+                if e.dropped:  # canceled, deleted or ended while the batch filled: not run
+                    self.tlog.warning("rq_job_left_before_start", job_id=e.job.id, queue=e.queue.name, status=e.dropped)
+            accepted = [e for e in accepted if not e.dropped]
             # until every job is recorded: finished jobs' webhooks (up to 10 s each to an endpoint that does not
             # answer) must not let the failed ones' executions expire, or any worker's registry cleanup would fail
             # them a second time; its beats show a stop requested mid-pass
