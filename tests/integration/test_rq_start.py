@@ -20,6 +20,7 @@ from rq import Callback
 from rq.job import JobStatus
 
 from producer.rq_client import enqueue_tickets
+from tests.holds import hold
 from tests.integration import test_rq
 from tests.integration.test_rq import TICKETS, _assert_labelled, _log_events, _run_to_exit, _running, _wait_for
 from tests.integration.test_rq_faults import _fetch, _in_process, _out_of_memory, _private_server, _wait_events
@@ -146,6 +147,44 @@ def test_a_warm_stop_while_the_start_waits_for_redis_exits_0_and_leaves_the_jobs
         assert h.queue.get_job_ids() == [j.id for j in jobs]
         assert not h.conn.exists(f"rq:worker:{h.worker_name}") and not h.conn.smembers("rq:workers")
         assert "Traceback" not in h.log.read_text()
+
+
+class SlowStartBatchWorker(BatchWorker):
+    """Its model's start is held once the model is up (as a long load on a GPU box is), until the test releases it:
+    the key PYTEST_RQ_START_MARK is set while it waits for PYTEST_RQ_START_GO. Patched in the worker's process only
+    (RQ builds the class there)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from worker import model_start
+
+        start_model, conn = model_start.start_model, self.connection
+
+        def held(*a, **kw):
+            out = start_model(*a, **kw)
+            hold(conn, mark_key=os.environ["PYTEST_RQ_START_MARK"], until_key=os.environ["PYTEST_RQ_START_GO"])
+            return out
+
+        model_start.start_model = held
+
+
+def test_a_warm_stop_while_the_model_loads_exits_0_before_taking_a_job(rq_setup):
+    """RQ installs its signal handlers when its loop starts: a SIGTERM while the model loaded (minutes on a GPU box)
+    killed the process (-15) instead of the warm stop the docs describe. A second signal still exits at once."""
+    h = rq_setup
+    jobs = enqueue_tickets(h.queue, TICKETS[:2])
+    h.jobs += jobs
+    mark, go = h.queue.key + ":start-held", h.queue.key + ":start-go"
+    worker_class = f"{HERE}.SlowStartBatchWorker"
+    with _running(h, worker_class=worker_class, PYTEST_RQ_START_MARK=mark, PYTEST_RQ_START_GO=go) as proc:
+        _wait_for(lambda: h.conn.exists(mark), "the start held", proc, h)
+        proc.send_signal(signal.SIGTERM)
+        h.conn.set(go, 1, ex=60)
+        assert proc.wait(timeout=60) == 0, h.log.read_text()
+    assert h.queue.get_job_ids() == [j.id for j in jobs]  # nothing taken
+    assert not h.conn.exists(f"rq:worker:{h.worker_name}")  # never registered
+    assert "Traceback" not in h.log.read_text()
+    h.conn.delete(mark, go)
 
 
 @pytest.mark.parametrize("late", ["no", "yes", "after-a-second-try"], ids=["lost", "lost-and-late", "two-lost"])

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TypeVar
 
@@ -69,7 +69,20 @@ class RedisWait:
 
 
 class StopBeforeStart(Exception):
-    """A warm stop while the start waited for Redis to take the worker's registration: it never registered."""
+    """A warm stop while the start loaded the model or waited for Redis to take the worker's registration: it never
+    registered."""
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[threading.Event]:
+    """For the block: SIGINT/SIGTERM set the event (a second one exits at once), as ``register_birth`` waits. RQ
+    installs its own handlers only once its loop starts: a stop while the model loaded killed the process."""
+    stop = threading.Event()
+    undo = _stop_signals_set(stop)
+    try:
+        yield stop
+    finally:
+        undo()
 
 
 def _stop_signals_set(stop: threading.Event) -> Callable[[], None]:

@@ -43,7 +43,7 @@ from worker.rqbatch.heartbeat import BatchHeartbeat
 from worker.rqbatch.jobs import Entry, batch_timeout_s, check_job, job_hashes, parse_allowed
 from worker.rqbatch.landing import Landed, Landing
 from worker.rqbatch.payload import latency_ms
-from worker.rqbatch.waits import RedisWaits
+from worker.rqbatch.waits import RedisWaits, StopBeforeStart, stop_requests
 from worker.stream.connection import is_passing
 
 _RQ_HANDLER_LOGGERS = ("rq.worker", "rq.job", "rq.queue")
@@ -72,6 +72,15 @@ class BatchWorker(RedisWaits):
         return super().work(*args, **kwargs)
 
     def bootstrap(self, logging_level=None, date_format=None, log_format=None, **kwargs):
+        with stop_requests() as stop:  # RQ's handlers come with its loop: a stop meanwhile killed the process
+            self._start_up(logging_level)
+        if stop.is_set():  # exit 0 before registering or taking a job
+            self.handle_warm_shutdown_request()
+            raise StopBeforeStart
+        kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
+        super().bootstrap(logging_level, **kwargs)
+
+    def _start_up(self, logging_level) -> None:
         from worker import preflight
         from worker.logs import configure_logging, get_logger
         from worker.model_start import start_model
@@ -123,8 +132,6 @@ class BatchWorker(RedisWaits):
                 used_ms=round(intake.FILL_WAIT_MAX_S * 1000),
                 why="RQ's intermediate-queue cleanup fails a job held there over a minute",
             )
-        kwargs = {k: v for k, v in (("date_format", date_format), ("log_format", log_format)) if v is not None}
-        super().bootstrap(logging_level, **kwargs)
 
     def batch_max_items(self) -> int:
         """Jobs per batch at most: the stream worker's window cap (TRIAGE_WINDOW_MAX_ITEMS, or its CUDA default)."""
