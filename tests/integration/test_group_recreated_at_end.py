@@ -87,7 +87,10 @@ def test_a_group_the_worker_recreates_under_a_held_window_gives_one_record_per_e
         first = [client.xadd(stream, {"id": f"f-{i}", "text": f"refund #{i}"}) for i in range(8)]
         wait_settled(client, env, first, timeout_s=60)  # a recovery point, and the window size measured
         client.delete(release, marked)
-        held = [client.xadd(stream, {"id": f"h-{i}", "text": f"my parcel is late #{i}"}) for i in range(24)]
+        with client.pipeline() as pipe:  # one MULTI: the windows are read whole (8 each), not as the sends come
+            for i in range(24):
+                pipe.xadd(stream, {"id": f"h-{i}", "text": f"my parcel is late #{i}"})
+            held = pipe.execute()
         _wait_for(lambda: client.exists(marked), w)
         _wait_for(lambda: client.xpending(stream, group)["pending"] == 16, w)  # held + the next window, read
         client.xgroup_destroy(stream, group)
