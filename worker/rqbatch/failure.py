@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from rq.job import JobStatus
 from rq.job_lifecycle import format_exc_info
 
-from worker.rqbatch.jobs import Entry
+from worker.rqbatch.jobs import Entry, unlist
 from worker.rqbatch.landing import Landing
 
 if TYPE_CHECKING:
@@ -91,7 +91,6 @@ def _saved(
             worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
         if retrying:
             job.retry(queue, pipe)
-        pipe.lrem(queue.intermediate_queue_key, 0, job.id)
-        pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
+        unlist(pipe, queue, job.id)
         landing.execute(pipe)
     return True

@@ -29,7 +29,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 
 from worker.rqbatch import unreadable
-from worker.rqbatch.jobs import job_hashes
+from worker.rqbatch.jobs import job_hashes, unlist
 from worker.stream.connection import is_passing
 
 if TYPE_CHECKING:
@@ -52,9 +52,8 @@ def hold(worker: BaseWorker, job: Job, queue: Queue) -> None:
     of it there is from an earlier time it was listed: gone, or RQ's cleanup would fail it as "stuck" at once."""
     if len(worker.queues) > 1 and uses_intermediate_queue(worker):
         with worker.connection.pipeline() as pipe:
-            pipe.lrem(queue.intermediate_queue_key, 0, job.id)
+            unlist(pipe, queue, job.id)
             pipe.lpush(queue.intermediate_queue_key, job.id)
-            pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
             pipe.execute()
 
 
@@ -136,13 +135,12 @@ def left_as_done(worker: BaseWorker, job: Job, queue: Queue, listed: bool, op: s
         return False
     if listed:  # off the list, with RQ's first sighting of it there (as every job leaving it: ``hold``, the start)
 
-        def unlist() -> None:
+        def off_the_list() -> None:
             with worker.connection.pipeline() as pipe:
-                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-                pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
+                unlist(pipe, queue, job.id, count=1)
                 pipe.execute()
 
-        worker.until_written(unlist, op=op)
+        worker.until_written(off_the_list, op=op)
     note = "already done: not run again"
     worker.tlog.warning("rq_job_queued_twice", job_id=job.id, queue=queue.name, status=status.value, note=note)
     return True

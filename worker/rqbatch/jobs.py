@@ -52,6 +52,13 @@ class Entry:
         self.error = (type(exc), exc, exc.__traceback__)
 
 
+def unlist(pipe, queue, job_id: str, count: int = 0) -> None:
+    """Into ``pipe``: the job off its queue's intermediate list, with RQ's first sighting of it there (kept, a job
+    listed again later was failed as "stuck" at once by RQ's cleanup). ``count``: LREM's (0: every copy)."""
+    pipe.lrem(queue.intermediate_queue_key, count, job_id)
+    pipe.delete(queue.intermediate_queue.get_first_seen_key(job_id))
+
+
 def job_hashes(worker, job_ids: list[str]) -> list[dict | redis.ResponseError]:
     """The raw hashes (HGETALL) of ``job_ids``, in one round trip; {} for a job that is gone, the error for a job key
     that is not a hash (``not_a_hash``: raised, one such job made every read of its batch raise)."""

@@ -36,7 +36,7 @@ from rq.worker import WorkerStatus
 
 from worker.rqbatch.failure import record_failure
 from worker.rqbatch.intake import DONE, uses_intermediate_queue
-from worker.rqbatch.jobs import Entry
+from worker.rqbatch.jobs import Entry, unlist
 from worker.rqbatch.landing import Landed, Landing
 from worker.rqbatch.payload import latency_ms, rq_stream_id
 from worker.stream.messages import as_text
@@ -93,8 +93,7 @@ def _start(worker: BaseWorker, entries: list[Entry], ttl: int, landing: Landing)
             pipe.persist(e.job.key)
         for e in entries:
             if drop_intermediate:
-                pipe.lrem(e.queue.intermediate_queue_key, 0, e.job.id)
-                pipe.delete(e.queue.intermediate_queue.get_first_seen_key(e.job.id))
+                unlist(pipe, e.queue, e.job.id)
         worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
         landing.execute(pipe, then=functools.partial(_started, worker, entries, run, executions, left))
 

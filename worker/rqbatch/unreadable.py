@@ -34,7 +34,7 @@ from rq.utils import current_timestamp
 
 from worker.logs import get_logger
 from worker.rqbatch.failure import record_failure
-from worker.rqbatch.jobs import Entry, job_hashes, not_a_hash
+from worker.rqbatch.jobs import Entry, job_hashes, not_a_hash, unlist
 from worker.rqbatch.landing import Landing
 from worker.rqbatch.payload import InvalidJob
 
@@ -209,8 +209,7 @@ def _record_not_a_hash(
         pipe.zadd(queue.failed_job_registry.key, {job.id: current_timestamp() + DEFAULT_FAILURE_TTL})
         Result.create_failure(job, DEFAULT_FAILURE_TTL, exc_string, worker_name=worker.name, pipeline=pipe)
         worker.increment_failed_job_count(pipe)
-        pipe.lrem(queue.intermediate_queue_key, 0, job.id)
-        pipe.delete(queue.intermediate_queue.get_first_seen_key(job.id))
+        unlist(pipe, queue, job.id)
         if started:
             Execution.from_composite_key(started, worker.connection).delete(job=job, pipeline=pipe)
         landing.execute(pipe)

@@ -47,7 +47,6 @@ class Status:
         self.phase_since_ms = now_ms()
         self.pass_started_at_ms: int | None = None
         self.counters: dict[str, int] = {"windows": 0, "items": 0, "dead_lettered": 0}
-        self.on_started: Callable[[], None] | None = None  # once, when the phase first leaves "starting"
         self.on_moved: Callable[[], None] | None = None  # at every change of phase (the keeper beats it soon)
 
     def _shown(self, phase: str) -> str:
@@ -58,15 +57,12 @@ class Status:
         with self._lock:
             t = now_ms()
             changed = phase != self.phase
-            started = changed and self.phase == "starting"
             if changed:
                 self.phase, self.phase_since_ms = phase, t
             if pass_clock != "keep":
                 self.pass_started_at_ms = t if pass_clock == "start" else None
         if changed and self._on_phase is not None:
             self._on_phase(phase)
-        if started and self.on_started is not None:
-            self.on_started()
         if changed and self.on_moved is not None:
             self.on_moved()
 
@@ -252,9 +248,6 @@ class Keeper(threading.Thread):
         super().__init__(name="triage-keeper", daemon=True)
         self.heartbeat = heartbeat
         self.status = status
-        # the heartbeat said "starting" until the next beat, a third of the TTL after the model loaded: meanwhile
-        # `healthcheck --ready` failed a worker that was taking work
-        status.on_started = self.beat_soon
         self.refresh = refresh
         self.beat_interval_s = heartbeat.ttl_s / 3.0
         self.refresh_interval_s = max(refresh_interval_s, 0.05)
@@ -266,7 +259,9 @@ class Keeper(threading.Thread):
         self._stop_evt = threading.Event()
         self._wake = threading.Event()  # set by stop() and beat_soon()
         self._beat_due = False
-        self._phase_due = False  # a phase change not beaten yet
+        # a phase change not beaten yet: the key said "starting" a third of the TTL after the model loaded (meanwhile
+        # `healthcheck --ready` failed a worker taking work), and any phase up to that old
+        self._phase_due = False
         status.on_moved = self._phase_moved
 
     def _phase_moved(self) -> None:
