@@ -82,9 +82,9 @@ def cmd_send(args) -> int:
         from producer.redis_errors import WrongType
 
         try:
-            client._stream_tails()
+            client.outcome_tails()
         except WrongType as e:
-            e.submitted = []  # type: ignore[attr-defined]
+            e.submitted = []  # type: ignore[attr-defined]  # as the client marks a stopped send: nothing went
             raise
     with _open_ids_out(args.ids_out) as ids_out:
         try:

@@ -246,7 +246,7 @@ class TriageClient:
             raise ValueError("timeout_s is NaN")
         got: dict[str, Result] = {}
         deadline = time.monotonic() + timeout_s
-        cursors = self._stream_tails()
+        cursors = self.outcome_tails()
         scan = StreamScan(self)
         max_block_ms = self.settings.wait_poll_max_ms
         first = True
@@ -273,7 +273,7 @@ class TriageClient:
             with asking("XREAD", ", ".join(cursors)):
                 woke = self.redis.xread(cursors, count=1, block=block_ms)
             if woke:
-                cursors = self._stream_tails()  # woke on a write: skip past everything written so far
+                cursors = self.outcome_tails()  # woke on a write: skip past everything written so far
                 time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # let a burst of writes land
 
     def _finished(self, stream_ids: list[str]) -> list[str]:
@@ -308,11 +308,10 @@ class TriageClient:
             )
         return got[ticket_id]
 
-    def _stream_tails(self) -> dict[str, str]:
-        """Last entry id of the results and dead-letter streams ("0-0" if empty).
-
-        XREAD from here sees only new writes.
-        """
+    def outcome_tails(self) -> dict[str, str]:
+        """Last entry id of the results and dead-letter streams ("0-0" if empty): a ``since`` for
+        ``follow_results`` that sees only what is written after this call. ``WrongType`` if either names a key of
+        another type (the CLI checks that before a ``send --wait-s`` sends anything)."""
         s = self.settings
         names = (s.results_stream, s.dead_letter_stream)
         pipe = self.redis.pipeline(transaction=False)

@@ -96,7 +96,7 @@ def follow(
     wanted = {n: (since.get(n, "$") if isinstance(since, Mapping) else since) for n in names}
     for start in wanted.values():
         _valid_since(start)
-    tails = client._stream_tails() if "$" in wanted.values() else {}  # now: "only new" counts from this call
+    tails = client.outcome_tails() if "$" in wanted.values() else {}  # now: "only new" counts from this call
     return _follow(client, {n: tails[n] if start == "$" else start for n, start in wanted.items()}, block_ms, stop)
 
 

@@ -428,6 +428,16 @@ def test_follow_and_recent_results_include_dead_letters_in_entry_order(client, r
         client.follow_results(since="yesterday")
 
 
+def test_outcome_tails_is_a_resume_point_that_sees_only_later_records(client, r, settings):
+    """``outcome_tails()`` (public, documented) is "now" as a ``since``: each stream's last id, "0-0" when empty."""
+    assert client.outcome_tails() == {settings.results_stream: "0-0", settings.dead_letter_stream: "0-0"}
+    _records_at(r, settings)
+    now = client.outcome_tails()
+    assert now == {settings.results_stream: "3000-0", settings.dead_letter_stream: "4000-0"}
+    _classify(r, settings, ["later"])
+    assert [x.ticket_id for x in _follow_all(client, now, 1)] == ["later"]
+
+
 def test_follow_from_now_sees_new_dead_letters_in_the_shape_wait_returns(client, r, settings):
     """'$' skips what both streams hold; a dead letter written later arrives as ``wait`` returns it (its fields
     decoded the same), with the dead-letter stream's entry id."""
