@@ -50,3 +50,14 @@ def test_lowest_is_the_least_id_held_in_any_epoch_in_stream_order():
     assert f.lowest() is None
     f.add(["11-0"], 2)
     assert f.lowest() == "11-0"
+
+
+def test_lowest_leaves_out_the_ids_a_write_settles():
+    """The write's own entries are settled in the script before its trim: capped at them, a window's last write
+    kept the whole window in the stream."""
+    f = InFlight()
+    f.add(["5-0", "10-1", "9-0"], 0)
+    assert f.lowest(excluding={"9-0"}) == "5-0"
+    assert f.lowest(excluding={"5-0"}) == "9-0"
+    assert f.lowest(excluding={"5-0", "9-0", "10-1"}) is None
+    assert f.lowest() == "5-0"  # nothing is forgotten by asking

@@ -347,6 +347,7 @@ class _Loop:
         while True:
             try:
                 written = self.sink.write(outcome)
+                self.reader.written(outcome.ack_ids, w.epoch)
                 written.log_skipped(self.log, retry=backoff.attempt)
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from worker.observability import prometheus
 from worker.stream.connection import Backoff, is_passing, is_transient
@@ -72,13 +72,16 @@ class InFlight:
         with self._lock:
             return [i for i, e in self._ids.items() if e == epoch and not (whole_only and i in self._unread)]
 
-    def lowest(self) -> str | None:
-        """The lowest id held (any epoch), None when none: the settle's trim stays below it, so an entry of ours that
-        its group lost (created again at '$') is still in the stream when its record is written."""
+    def lowest(self, excluding: Collection[str] = ()) -> str | None:
+        """The lowest id held (any epoch) but those ``excluding`` (the ones a write settles: its trim comes after
+        them), None when none: the settle's trim stays below it, so an entry of ours that its group lost (created
+        again at '$') is still in the stream when its record is written."""
         with self._lock:
             if not self._lowest_known:
                 self._lowest, self._lowest_known = min(self._ids, key=id_order, default=None), True
-            return self._lowest
+            if self._lowest is None or self._lowest not in excluding:
+                return self._lowest
+            return min((i for i in self._ids if i not in excluding), key=id_order, default=None)
 
     def __len__(self) -> int:
         with self._lock:
@@ -155,6 +158,11 @@ class Reader(threading.Thread):
             return self._ready.get(timeout=timeout_s)
         except queue.Empty:
             return None
+
+    def written(self, ids: Sequence[str], epoch: int) -> None:
+        """A pass's entries are written and acked (or were another's): not held any more, so neither refreshed nor
+        kept by the trim while the rest of their window runs."""
+        self.in_flight.discard(ids, epoch)
 
     def settled(self, window: Window) -> None:
         """Every entry of ``window`` is written and acked, or the window was dropped: forget its ids, free its slot."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -130,7 +130,8 @@ class ResultSink:
         self.dead_letter_maxlen = dead_letter_maxlen
         self.consumer = consumer  # None: write everything given, no ownership check (tools, tests)
         self.trim_input = trim_input
-        self.held_floor: Callable[[], str | None] | None = None  # the lowest id this process holds: trim below it
+        # the lowest id this process holds but those given (the write's own): the trim stays below it
+        self.held_floor: Callable[[Collection[str]], str | None] | None = None
 
     @classmethod
     def for_worker(cls, client: redis.Redis, settings, *, owned: bool = True) -> ResultSink:
@@ -153,12 +154,13 @@ class ResultSink:
     def result_key(self, ticket_id: str) -> str:
         return self.result_key_prefix + ticket_id
 
-    def _trim_arg(self) -> str:
+    def _trim_arg(self, settling: Sequence[str]) -> str:
         """'0' no trim; '1' trim below what the groups still need; an id: that, and below this process's lowest held
-        entry (a window its group lost, created again at '$', is then still in the stream when it is written)."""
+        entry (a window its group lost, created again at '$', is then still in the stream when it is written) other
+        than those this write settles (a window's last write left the window in the stream, capped at its own)."""
         if not self.trim_input:
             return "0"
-        return (self.held_floor() if self.held_floor is not None else None) or "1"
+        return (self.held_floor(frozenset(settling)) if self.held_floor is not None else None) or "1"
 
     def write(self, outcome: Outcome) -> Written:
         """Results (+ latest keys), dead letters (+ key if the id is known) and XACK, in one atomic script.
@@ -178,7 +180,7 @@ class ResultSink:
             self.results_maxlen,
             self.dead_letter_maxlen,
             self.result_ttl_s,
-            self._trim_arg(),
+            self._trim_arg(outcome.ack_ids),
             len(outcome.ack_ids),
             *outcome.ack_ids,
         ]

@@ -71,3 +71,27 @@ def test_input_stream_is_trimmed_below_what_every_group_needs(launch, chaos_redi
 def _id(sid: str) -> tuple[int, int]:
     ms, seq = sid.split("-")
     return int(ms), int(seq)
+
+
+def test_a_windows_last_write_trims_what_the_window_settled(launch, chaos_redis, tiny_model_dir, tmp_path):
+    """The trim stayed at or below the lowest entry this process held, the entries being written included, until
+    the window was done: a window whose last pass held its oldest entry (passes go shortest first) stayed whole in
+    the stream once everything was settled (XLEN 600 of 600), until some later write."""
+    env = worker_env(
+        tiny_model_dir,
+        chaos_redis.url,
+        tmp_path,
+        TRIAGE_WINDOW_TARGET_S=0,  # one window of everything
+        TRIAGE_WINDOW_MAX_ITEMS=1000,
+        TRIAGE_PASS_MAX_ITEMS=32,
+        TRIAGE_MAX_INPUT_TOKENS=48,
+    )
+    stream, results, dead = env["TRIAGE_INPUT_STREAM"], env["TRIAGE_RESULTS_STREAM"], env["TRIAGE_DEAD_LETTER_STREAM"]
+    client = chaos_redis.client()
+    tickets = [{"id": "long-0", "text": "my parcel is late and the invoice is wrong " * 20}]  # the last pass
+    tickets += [{"id": f"short-{i}", "text": f"refund {i}"} for i in range(599)]
+    push(client, stream, tickets)
+    _drain(launch, env)
+    t = tally(client, results, dead, [x["id"] for x in tickets])
+    assert t.lost == [] and t.duplicates == 0
+    assert client.xlen(stream) <= NODE_SLACK, "settled entries stayed in the stream after the last write"
