@@ -127,12 +127,15 @@ def socket_timeout_for(max_wait_ms: int) -> float:
 
 def connect(url: str, *, socket_timeout_s: float = SOCKET_TIMEOUT_S, connect_timeout_s: float = 5.0) -> redis.Redis:
     """A client that hands back raw bytes (the worker decodes and validates itself)."""
+    # TCP keepalive finds a peer that vanished (a failed-over host) on an idle connection; redis-py's Unix socket
+    # connection takes no such option (the worker did not start on a unix:// URL that `check` passed)
+    tcp_only = {} if url.strip().lower().startswith("unix:") else {"socket_keepalive": True}
     return redis.Redis.from_url(
         url,
         decode_responses=False,
         socket_timeout=socket_timeout_s,  # > the longest BLOCK the worker uses (socket_timeout_for)
         socket_connect_timeout=connect_timeout_s,
-        socket_keepalive=True,
+        **tcp_only,
         health_check_interval=30,
         retry=Retry(NoBackoff(), 0),
         client_name="triage-worker",
