@@ -58,9 +58,7 @@ class TriageClient:
 
     def __init__(self, settings: ProducerSettings | None = None, *, client: redis.Redis | None = None):
         self.settings = settings or ProducerSettings()
-        self.redis = client or redis.Redis.from_url(
-            self.settings.redis_url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5
-        )
+        self.redis = client or _connect(self.settings.redis_url)
 
     def _block_ms(self, want_ms: int) -> int:
         """``want_ms`` for an XREAD BLOCK (0: as long as it may), kept under the socket timeout (redis-py 8 defaults
@@ -177,8 +175,11 @@ class TriageClient:
                 return self.redis.xinfo_groups(self.settings.input_stream)
         except (AclRefused, WrongType):
             raise
-        except redis.ResponseError:
-            return None
+        except redis.ResponseError as e:
+            if "no such key" in str(e).lower():
+                return None
+            raise  # SELECT of a db the server lacks (on connect), a busy script...: read as "empty" it turned
+            # backpressure off and made `backlog` say 0
 
     def wait_for_room(self, n: int = 1) -> None:
         """Return once ``n`` more tickets fit under ``input_max_backlog``; else ``BacklogFull``."""
@@ -352,6 +353,20 @@ class TriageClient:
         with asking("XREVRANGE", self.settings.dead_letter_stream):
             rows = self.redis.xrevrange(self.settings.dead_letter_stream, count=count)
         return [decode_dead_letter(sid, fields) for sid, fields in reversed(rows)]
+
+
+def _connect(url: str) -> redis.Redis:
+    """The client's connection; a URL redis-py cannot parse is a ``ValueError`` without its secrets (redis-py's own
+    message can quote a piece of the password: "Port could not be cast to integer value as '...'")."""
+    from worker.redact import mask_unparsed_url, mask_with_url_secrets
+
+    try:
+        return redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5
+        )
+    except ValueError as e:
+        why = mask_with_url_secrets(str(e), url)
+        raise ValueError(f"TRIAGE_REDIS_URL {mask_unparsed_url(url)} does not parse: {why}") from None
 
 
 def _many(arg: Any, name: str, one: str, *, mapping_too: bool = False) -> Any:

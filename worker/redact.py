@@ -34,7 +34,7 @@ _URL_USERINFO = re.compile(
 # parameter on: rediss://...?ssl_password= unlocks the client key): the value up to a separator
 _SECRET_PAIR = re.compile(
     r"(?P<key>(?<![a-z0-9_])(?:(?:[a-z0-9]+_)*(?:password|passwd|secret)|pwd|(?<=[?&])pass|token|access_token|api_key"
-    r"|apikey|auth)\s*=\s*)(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
+    r"|apikey|auth)\s*(?:=|%3D)\s*)(?P<quote>['\"]?)(?P<value>[^\s&;#'\",)}\]]+)",
     re.I,
 )  # a bare "pass=" only as a URL's query parameter: the console log's pass=0 (a pass's index) is no secret
 SECRET_QUERY_KEYS = frozenset(
@@ -68,22 +68,35 @@ def mask_secrets(text: str) -> str:
     """``text`` with URL credentials, ``password=`` style pairs and every registered secret masked."""
     if not text:
         return text
-    for secret in sorted(_known, key=len, reverse=True):
-        if secret in text:
-            if len(secret) >= _ANYWHERE_SECRET_CHARS:
-                text = text.replace(secret, MASK)
-            else:
-                text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w|://)", MASK, text)  # not a URL's scheme
+    text = mask_values(text, _known)
     if "://" in text and "@" in text:
         text = _URL_USERINFO.sub(_mask_userinfo, text)
-    if "=" in text:
+    if "=" in text or "%3" in text:
         text = _SECRET_PAIR.sub(lambda m: f"{m['key']}{m['quote']}{MASK}", text)
+    return text
+
+
+def mask_values(text: str, secrets) -> str:
+    """``text`` with each of these literal values masked, longest first (a short one only as a word of its own)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) < _MIN_SECRET_CHARS or secret not in text:
+            continue
+        if len(secret) >= _ANYWHERE_SECRET_CHARS:
+            text = text.replace(secret, MASK)
+        else:
+            text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w|://)", MASK, text)  # not a URL's scheme
     return text
 
 
 def mask_url(url: str) -> str:
     """A URL (or any text) safe to print: ``redis://u:***@h:6379/0?password=***``."""
     return mask_secrets(url)
+
+
+def mask_with_url_secrets(text: str, url: str) -> str:
+    """``text`` (the URL itself, or a library's message about it) with the secrets ``url`` holds masked, registered
+    or not: the URL shapes miss a password with a space or a quote in it (a settings repr printed it in clear)."""
+    return mask_secrets(mask_values(text, set(url_secrets(url))))
 
 
 def register_secret(value: str | None) -> None:
@@ -136,6 +149,9 @@ def url_secrets(url: str | None) -> list[str]:
     for k, v in _pairs(query):
         if is_secret_key(k) and v:
             out.append(v)  # the raw, still percent-encoded form
+        key, eq, value = unquote(k).partition("=")  # an encoded "=" (password%3Dpw): no pair to redis-py, still pw
+        if eq and is_secret_key(key) and value:
+            out += [value, re.split("%3d", k, maxsplit=1, flags=re.I)[-1]]  # and as it was written
     return [s for s in out if s]
 
 
@@ -211,7 +227,9 @@ def masked_repr_args(args):
     for name, value in args:
         yield (
             name,
-            mask_url(value) if isinstance(name, str) and name.endswith("_url") and isinstance(value, str) else value,
+            mask_with_url_secrets(value, value)
+            if isinstance(name, str) and name.endswith("_url") and isinstance(value, str)
+            else value,
         )
 
 

@@ -125,6 +125,23 @@ def test_the_client_backlog_raises_wrong_type_instead_of_reading_zero(r, redis_u
     assert (raised.value.command, raised.value.keys) == ("XINFO GROUPS", key_prefix + "tickets")
 
 
+def test_backlog_on_a_database_that_does_not_exist_is_an_error_not_zero(redis_url, key_prefix):
+    """XINFO GROUPS' "no such key" is an empty backlog; any other refusal (SELECT of a db the server lacks, on
+    connect) was read as one too: backpressure off, `backlog` said 0 and exit 0."""
+    client = TriageClient(ProducerSettings(redis_url=redis_url.rsplit("/", 1)[0] + "/999", input_stream=key_prefix))
+    with pytest.raises(redis.ResponseError, match="DB index"):
+        client.backlog()
+
+
+def test_a_url_the_client_cannot_parse_is_refused_without_its_password():
+    """redis-py's own message named a piece of the password ("Port could not be cast to integer value as
+    'Secret9'"): an unencoded "/" in the password ends the host part early."""
+    with pytest.raises(ValueError) as raised:
+        TriageClient(ProducerSettings(redis_url="redis://user:Secret9/x@127.0.0.1:6379/0"))
+    assert "Secret9" not in str(raised.value) and "TRIAGE_REDIS_URL" in str(raised.value)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
 # ------------------------------------------------------------------- repr of the settings
 @pytest.mark.parametrize(
     "url, secret",
@@ -132,6 +149,10 @@ def test_the_client_backlog_raises_wrong_type_instead_of_reading_zero(r, redis_u
         ("redis://triage:S3cretPW-u@127.0.0.1:6379/0", "S3cretPW-u"),
         ("rediss://:S3cretPW-e@redis.example:6380/0", "S3cretPW-e"),
         ("redis://127.0.0.1:6379/0?password=S3cretPW-q", "S3cretPW-q"),
+        # what the URL shapes miss: a space or a quote in the password, an unencoded "?x=" in it, an encoded "="
+        ("redis://quser:it's Secret99@127.0.0.1:6379/0", "it's Secret99"),
+        ("redis://user:Xy7?a=Bc9@127.0.0.1:6379/0", "Xy7?a=Bc9"),
+        ("redis://127.0.0.1:6379/0?username=u&password%3DS3cretPW-d", "S3cretPW-d"),
     ],
 )
 @pytest.mark.parametrize("settings_cls", [ProducerSettings, Settings])
