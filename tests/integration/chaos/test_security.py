@@ -199,6 +199,8 @@ def test_password_never_reaches_any_output(launch, redis_server_factory, tiny_mo
     forms = _url_forms(server.port)
     dead = _url_forms(free_port())
     dead["unix"] = f"unix://{tmp_path}/no-such.sock?db=0&password={SECRET_ENC}"
+    # an encoded "=" (a query built with quote()): redis-py sends no password, the text still holds it
+    dead["encoded-eq"] = f"redis://127.0.0.1:{server.port}/0?username=default&password%3D{SECRET_ENC}"
     client = server.client(decode_responses=True)
 
     # 1. the worker, JSON logs, the issue's ?password= form: start, classify, drain
