@@ -17,6 +17,10 @@ A fill that Redis refuses (out of memory: LMOVE is a write; a restart) stops, an
 start waits for Redis). The LMOVE pipeline has no MULTI, so some moves may have been applied before the refusal:
 their replies name the jobs, which join the batch; the refused ones were not moved and stay queued. Only a pipeline
 whose replies are lost (the connection dropped) leaves jobs it moved in the intermediate list, for RQ's cleanup.
+
+``rq suspend``: RQ checks it only at the top of its work loop, before the job it dequeues; the fill checks it too
+(``suspended``: one EXISTS per poll), so a suspension stops a filling batch and the batch in hand runs, as with a warm
+stop. It used to take every job that arrived during the fill wait (a whole backlog enqueued after ``rq suspend``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.suspension import WORKERS_SUSPENDED
 
 from worker.rqbatch import unreadable
 from worker.rqbatch.jobs import job_hashes, unlist
@@ -63,6 +68,17 @@ class FillRefused(Exception):
     def __init__(self, jobs: list[tuple[Job, Queue]], error: Exception):
         super().__init__(f"{type(error).__name__}: {error}")
         self.jobs, self.error = jobs, error
+
+
+def suspended(worker: BaseWorker) -> bool:
+    """Whether ``rq suspend`` is in force (RQ's key, which ``rq.suspension.is_suspended`` reads in a MULTI that Redis 7
+    refuses at maxmemory: one plain EXISTS here). Raises FillRefused, no jobs, if Redis refuses it for now."""
+    try:
+        return bool(worker.connection.exists(WORKERS_SUSPENDED))
+    except Exception as e:
+        if not is_passing(e):
+            raise
+        raise FillRefused([], e) from e
 
 
 def drain(worker: BaseWorker, limit: int) -> list[tuple[Job, Queue]]:
@@ -154,13 +170,16 @@ def fill_wait_s(max_wait_ms: float) -> float:
 def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wait_s: float) -> None:
     """Grow ``batch`` to ``limit`` jobs, waiting at most ``max_wait_s`` for more to arrive.
 
-    Stops at once when a warm shutdown was requested, or when Redis refuses a move (logged): the batch in hand is
-    then finished as is.
+    Stops at once when a warm shutdown was requested, when ``rq suspend`` is in force (logged: checked before each
+    drain) or when Redis refuses a move (logged): the batch in hand is then finished as is.
     """
     deadline = time.monotonic() + max_wait_s
     want = limit
     while len(batch) < limit and not worker._stop_requested:
         try:
+            if suspended(worker):
+                worker.tlog.info("rq_fill_suspended", batch=len(batch), note="`rq suspend`: the batch in hand runs")
+                return
             got = drain(worker, min(want, limit - len(batch)))
         except FillRefused as refused:
             _add_new(worker, batch, refused.jobs)
