@@ -74,6 +74,7 @@ def build_classifier(
     warn_deprecated_env()
     loaded, encoder = backbones(settings, loaded, encoder)
     task = task or task_from_settings(settings)
+    check_task(settings, loaded, task)
     name = backbone_name(loaded, encoder)
     needs_head = loaded.kind != "decoder" or encoder is not None  # Classifier.needs_head, before there is one
     plan = plan_scorer(settings.scorer, settings.head_path, name, task, needs_head=needs_head)
@@ -104,6 +105,7 @@ def features_classifier(
     loaded, encoder = backbones(settings, loaded, encoder)
     options = engine_options(prompt_scoring(settings), loaded.model.device)
     task = task or task_from_settings(settings)
+    check_task(settings, loaded, task)
     return Classifier(loaded, task, options, encoder=encoder, head_prompt=settings.head_prompt)
 
 
@@ -239,6 +241,14 @@ def task_from_settings(settings: Settings) -> Task:
     return default_task()
 
 
+def check_task(settings: Settings, loaded: LoadedModel, task: Task) -> None:
+    """Task text a causal LM's prompt would read as control tokens is refused, naming where it came from."""
+    from worker.engine.task_text import check_task_text
+
+    setting = "TRIAGE_TASK_FILE" if settings.task_file is not None else "TRIAGE_LABELS" if settings.labels else None
+    check_task_text(loaded, task, setting, str(settings.task_file) if settings.task_file is not None else None)
+
+
 def prompt_scoring(settings: Settings) -> Settings:
     """These settings with label-token scoring, no calibration, no threshold, truncation on (eval and fit
     measure / fit on the raw scores and hidden states)."""
@@ -329,14 +339,16 @@ def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
 def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, pooling: str = AUTO_POOLING):
     """A head from the task's own few-shot examples, through the classifier's own forward pass."""
     from worker.engine.framing import prepare
+    from worker.engine.task_text import usable_examples
     from worker.quality.features import run_features
     from worker.quality.head import fit_head, head_meta
 
     examples = clf.task.examples
     # cut to the ticket limit whatever TRIAGE_TRUNCATE says: an example is part of the task, not a ticket to refuse
     items = prepare([e.text for e in examples], clf.framing, True, clf.aux_framing)
-    feats = run_features(clf, items, score=False, progress=False)
-    labels = [e.label for e in examples]
+    keep = usable_examples(clf.task, items, "TRIAGE_TASK_FILE")
+    feats = run_features(clf, [items[i] for i in keep], score=False, progress=False)
+    labels = [examples[i].label for i in keep]
     meta = head_meta(clf, "task examples")
     return fit_head(
         feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta, blocks=clf.feature_blocks

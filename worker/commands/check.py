@@ -103,11 +103,16 @@ def _load_model(settings, problems: list) -> str:
 
     configure_logging(settings.log_format, settings.log_level)
     t0 = time.perf_counter()
+    from worker.engine.types import ConfigError
+
     try:
         from worker.assemble import build_classifier
 
         clf = build_classifier(settings)
         pred = clf.classify(clf.prepare_valid(["I was charged twice for my subscription"]))[0][0]
+    except ConfigError as e:  # found once the model is loaded, but the setting it names is the one to change
+        problems.append(preflight.Problem(e.setting or "TRIAGE_MODEL", getattr(e, "text", None) or str(e)))
+        return ""
     except Exception as e:  # noqa: BLE001 - any load failure is the answer to "does the model work"
         problems.append(preflight.Problem("TRIAGE_MODEL", f"failed to load or run: {type(e).__name__}: {e}"))
         return ""

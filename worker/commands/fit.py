@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"fit: {e}", file=sys.stderr)
         return 2
     if args.examples_out:
-        task = task.with_examples(pick_examples(rows, args.k, args.seed, task.labels))
+        from worker.engine.task_text import model_control_strings
+
+        avoid = model_control_strings(settings.model, settings.cache_dir)  # no ticket the worker would refuse
+        task = task.with_examples(pick_examples(rows, args.k, args.seed, task.labels, avoid=avoid))
         write_task_file(task, args.examples_out)
         print(
             f"wrote {len(task.examples)} examples ({args.k} per label) to {args.examples_out}  "

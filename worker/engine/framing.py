@@ -18,7 +18,7 @@ from worker.engine.labels import LabelTokens
 from worker.engine.loader import LoadedModel
 from worker.engine.pieces import continuation_backend
 from worker.engine.prompt import PromptTemplate
-from worker.engine.types import ConfigError, InvalidTicket, Prepared
+from worker.engine.types import ConfigError, InvalidTicket, Prepared, unicode_problem
 
 Encode = Callable[[list[str]], list[list[int]]]
 
@@ -125,10 +125,14 @@ def prepare(
     encoder of joined features, whose row is cut to its own limit the same way (refused when ``truncate`` is off:
     it was cut whatever the setting)."""
     out: list[Prepared | InvalidTicket] = [InvalidTicket("ticket text is empty")] * len(texts)
-    todo = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    todo = []
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             out[i] = InvalidTicket(f"ticket text must be a string, got {type(t).__name__}")
+        elif (why := unicode_problem(t, "ticket text")) is not None:  # else it fails the batch's tokenizer call
+            out[i] = InvalidTicket(why)
+        elif t.strip():
+            todo.append(i)
     if not todo:
         return out
     batch = [texts[i] for i in todo]

@@ -156,3 +156,19 @@ class EngineOptions:
     attention_kernel: str = "auto"  # packed path's varlen kernel: flash | torch | auto (flash where usable)
     cuda_graphs: bool = True  # replay packed passes as CUDA graphs (CUDA + flash only)
     lookahead: str = "auto"  # on | off | auto (on CUDA): queue the next pass before reading this one back
+
+
+def unicode_problem(text: str, name: str = "text") -> str | None:
+    """Why ``text`` cannot be UTF-8 (None: it can): a lone surrogate, as JSON's "\\ud83d" (half an emoji) decodes.
+    No tokenizer takes one (one such text failed its whole batch's call); the producer client, both workers and the
+    engine refuse it with this reason. ``isascii`` is a flag read: ordinary tickets pay no encode."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"{name} contains characters that are not valid Unicode (a lone surrogate at position {e.start}, "
+            "e.g. half of an emoji): send UTF-8 text"
+        )
+    return None

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.engine.types import unicode_problem
 from worker.ticket_files import read_numbered
+
+log = logging.getLogger("triage.quality")
 
 # The datasets sit in ../shared/data next to the repository checkout.
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -62,7 +66,9 @@ def load_labelled(
     A row with blank text is skipped (nothing to classify); a row without a label, or whose text is not a string
     (``null``, a number; a CSV row cut short), is a ``DataError`` naming ``file:line``, the line the row starts on as
     an editor shows it (its position among the rows is another number once a JSON Lines file has blank lines or a
-    CSV field spans lines): a broken export, not a ticket to drop quietly or to read as the text "None".
+    CSV field spans lines): a broken export, not a ticket to drop quietly or to read as the text "None". A text no
+    tokenizer takes (a lone surrogate, half an emoji) is skipped with a warning naming ``file:line``, as the worker
+    dead-letters that ticket alone.
     """
     out = []
     for line, row in read_numbered(path):
@@ -76,7 +82,9 @@ def load_labelled(
         if not isinstance(text, str):
             got = "null" if text is None else type(text).__name__
             raise DataError(f"{path}:{line}: 'text' must be a string, got {got}")
-        if text.strip():
+        if (why := unicode_problem(text)) is not None:
+            log.warning("%s:%s: row skipped: %s", path, line, why)
+        elif text.strip():
             out.append(Labelled(text, label))
     if not out:
         raise DataError(f"{path}: no labelled rows" + (f" with split={split!r}" if split else ""))

@@ -1,11 +1,9 @@
 """Compare scoring methods on one labelled set, sharing forward passes wherever possible.
 
-Per prompt variant (zero-shot, label descriptions, few-shot, the task as configured)
-one bucketed pass over the test tickets gives the label scores, and calibration
-variants (contextual, prior) only change the bias subtracted afterwards. The head
-is fitted on one pass over the training tickets and scored on the pooled states the
-configured task's test pass already produced. So N variants cost N test passes + 1
-train pass, not one per method.
+Per prompt variant (zero-shot, label descriptions, few-shot, the task as configured) one bucketed pass over the
+test tickets gives the label scores, and calibration variants (contextual, prior) only change the bias subtracted
+afterwards. The head is fitted on one pass over the training tickets and scored on the pooled states the configured
+task's test pass already produced. So N variants cost N test passes + 1 train pass, not one per method.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from worker.quality import calibration as cal
 from worker.quality import metrics
 from worker.quality.data import Labelled
 from worker.quality.features import Features, run_features
-from worker.quality.fewshot import pick_examples
+from worker.quality.fewshot import for_prompt, pick_examples
 from worker.quality.head import fit_head_for, prompt_hash
 from worker.quality.worker_default import describe_method, is_method, worker_default
 from worker.scorer_plan import shipped_head_for
@@ -126,7 +124,8 @@ def evaluate_all(
     gold = [r.label for r in test]
     texts = [r.text for r in test]
     head_only = loaded.kind != "decoder" or encoder is not None
-    tasks, base_name = variant_tasks(base, descriptions or {}, train, cfg) if not head_only else ({}, "task")
+    shots = for_prompt(train, loaded)  # few-shot picks: no ticket whose text the prompt would read as control tokens
+    tasks, base_name = variant_tasks(base, descriptions or {}, shots, cfg) if not head_only else ({}, "task")
     if head_only:
         joined = f" + {encoder.name}" if encoder else ""
         cfg.skipped.append(

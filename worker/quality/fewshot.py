@@ -19,19 +19,27 @@ from worker.quality.data import Labelled
 
 
 def pick_examples(
-    rows: Sequence[Labelled], k: int, seed: int = 0, labels: Sequence[str] | None = None, max_chars: int | None = 600
+    rows: Sequence[Labelled],
+    k: int,
+    seed: int = 0,
+    labels: Sequence[str] | None = None,
+    max_chars: int | None = 600,
+    avoid: Sequence[str] = (),
 ) -> list[Example]:
     """Up to ``k`` examples per label (fewer when the data has fewer), interleaved.
 
     ``max_chars`` skips very long texts when shorter ones exist: every example is
-    part of the prompt prefix, paid for in attention on every ticket.
+    part of the prompt prefix, paid for in attention on every ticket. A text holding
+    one of ``avoid`` (the model's control-token strings, ``engine.task_text``) is
+    never picked: in the prompt it would be a control token, and the worker refuses it.
     """
     if k < 1:
         raise ValueError("k must be >= 1")
     rng = random.Random(seed)
     by_label: dict[str, list[str]] = defaultdict(list)
     for r in rows:
-        by_label[r.label].append(r.text)
+        if not any(s in r.text for s in avoid):
+            by_label[r.label].append(r.text)
     order = list(labels) if labels is not None else sorted(by_label)
     chosen: dict[str, list[str]] = {}
     for lab in order:
@@ -45,6 +53,16 @@ def pick_examples(
         rng.shuffle(round_labels)
         out.extend(Example(chosen[lab][i], lab) for lab in round_labels)
     return out
+
+
+def for_prompt(rows: Sequence[Labelled] | None, loaded) -> list[Labelled] | None:
+    """``rows`` less those a causal LM's prompt cannot hold as few-shot examples (``engine.task_text``)."""
+    from worker.engine.task_text import control_strings
+
+    if rows is None or loaded.kind != "decoder":
+        return rows
+    avoid = control_strings(loaded.tokenizer)
+    return [r for r in rows if not any(s in r.text for s in avoid)]
 
 
 def task_to_dict(task: Task) -> dict:

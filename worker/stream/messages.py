@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker.engine.types import unicode_problem  # noqa: F401 - also this module's: the producer and RQ read it here
+
 KNOWN_FIELDS = ("text", "id", "subject", "meta")
 MAX_ID_BYTES = 256  # the id becomes part of a Redis key name
 
@@ -223,19 +225,6 @@ def with_subject(subject: str, text: str) -> str:
     """What the model reads of a ticket with a subject: the subject, a blank line, the text (a blank subject: the
     text). The stream worker and the RQ path both read a ``subject`` this way."""
     return f"{subject.strip()}\n\n{text}" if subject.strip() else text
-
-
-def unicode_problem(text: str, name: str = "text") -> str | None:
-    """Why ``text`` cannot be UTF-8 (None: it can): a lone surrogate, as JSON's "\\ud83d" (half an emoji) decodes.
-    No tokenizer takes one; the producer client, the RQ worker and the stream worker refuse it with this reason."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return (
-            f"{name} contains characters that are not valid Unicode (a lone surrogate at position {e.start}, "
-            "e.g. half of an emoji): send UTF-8 text"
-        )
-    return None
 
 
 def id_problem(ticket_id: str) -> str | None:
