@@ -286,3 +286,20 @@ def test_a_stop_shows_as_stopping_from_the_next_beat_and_keeps_a_running_pass_cl
     beat = status.snapshot()
     assert beat["phase"] == "stopping" and beat["pass_started_at_ms"] is None
     assert seen == ["inferring", "stopping"]
+
+
+def test_each_pass_start_asks_for_a_beat_not_only_a_change_of_phase():
+    """From a window's second pass on the phase stays "inferring": only a change of phase asked the keeper for a beat,
+    so the heartbeat's ``pass_started_at_ms`` kept the window's first pass for up to TTL/3 (``status`` showed a pass
+    9.8 s old that had run 0.9 s). Each pass start now asks (the keeper still beats at most once per PHASE_BEAT_S)."""
+    from worker.stream.health import Status
+
+    asked: list[int] = []
+    status = Status()
+    status.on_moved = lambda: asked.append(1)
+    status.pass_started()
+    status.pass_started()
+    status.set_phase("inferring")  # the same phase, the pass clock kept: nothing new to show
+    assert len(asked) == 2
+    status.set_phase("writing")
+    assert len(asked) == 3

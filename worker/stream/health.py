@@ -47,7 +47,7 @@ class Status:
         self.phase_since_ms = now_ms()
         self.pass_started_at_ms: int | None = None
         self.counters: dict[str, int] = {"windows": 0, "items": 0, "dead_lettered": 0}
-        self.on_moved: Callable[[], None] | None = None  # at every change of phase (the keeper beats it soon)
+        self.on_moved: Callable[[], None] | None = None  # at a change of phase or a pass start (the keeper beats soon)
 
     def _shown(self, phase: str) -> str:
         return "stopping" if self._stop is not None and self._stop.is_set() else phase
@@ -63,7 +63,7 @@ class Status:
                 self.pass_started_at_ms = t if pass_clock == "start" else None
         if changed and self._on_phase is not None:
             self._on_phase(phase)
-        if changed and self.on_moved is not None:
+        if (changed or pass_clock == "start") and self.on_moved is not None:  # a new pass: its clock is news too
             self.on_moved()
 
     def set_phase(self, phase: str) -> None:
