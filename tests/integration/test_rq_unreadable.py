@@ -138,3 +138,27 @@ def test_an_ended_job_left_in_the_started_registry_is_not_failed_for_being_unrea
     q.started_job_registry.cleanup()  # RQ's: raised on it
     assert q.started_job_registry.get_job_ids() == [] and q.failed_job_registry.get_job_ids() == []
     assert h.conn.hget(job.key, "status") == b"finished"
+
+
+@pytest.mark.parametrize("how", ["field", "not-a-hash"])
+def test_an_unreadable_job_counts_as_one_failed_request(rq_setup, monkeypatch, how):
+    """Failed into the FailedJobRegistry, but in no metric: ``triage_request_failure_total`` missed what ``rq info``
+    showed (7 failed jobs against 6 a metrics hunt found counted). Counted once, by the worker that saved the
+    failure (two meet it: one failure, one count), under its own reason class."""
+    from prometheus_client import CollectorRegistry
+
+    from worker.observability import prometheus
+
+    metrics = prometheus.PrometheusMetrics(CollectorRegistry(), windows=False)
+    monkeypatch.setattr(prometheus, "_current", metrics)
+    with _private_server(rq_setup) as h:
+        job = h.queue.enqueue("worker.rq_jobs.classify", TICKETS[0])
+        (_corrupt if how == "field" else _not_a_hash)(h, job)
+        assert h.conn.lmove(h.queue.key, h.queue.intermediate_queue_key).decode() == job.id
+        first, second = (_in_process(h.conn, [h.queue.name], f"{h.worker_name}-{i}") for i in range(2))
+        assert unreadable.fail_if_unreadable(first, job.id, first.queues[0], listed=True)
+        unreadable.fail_if_unreadable(second, job.id, second.queues[0], listed=True)  # the job reads now, or is gone
+    value = metrics.registry.get_sample_value
+    assert value("triage_request_count_total") == 1
+    assert value("triage_request_success_total") == 0
+    assert value("triage_request_failure_total", {"reason": "unreadable_job"}) == 1

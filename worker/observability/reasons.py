@@ -21,6 +21,7 @@ _RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bad_meta", ("meta is not valid JSON", "meta must be a JSON object")),
     ("bad_id", ("id is empty", "id is longer than", "id contains control characters")),
     ("repeated_field", ("more than once",)),
+    ("unreadable_job", ("RQ cannot read this job",)),  # the RQ batch worker's: a job hash RQ cannot restore
 )
 
 REASON_CLASSES: tuple[str, ...] = tuple(name for name, _ in _RULES) + ("other",)

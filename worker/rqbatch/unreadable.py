@@ -33,6 +33,7 @@ from rq.results import Result
 from rq.utils import current_timestamp
 
 from worker.logs import get_logger
+from worker.observability import prometheus
 from worker.rqbatch.failure import record_failure
 from worker.rqbatch.jobs import Entry, job_hashes, not_a_hash, unlist
 from worker.rqbatch.landing import Landing
@@ -127,12 +128,19 @@ def fail_if_unreadable(
     landing = Landing(worker)
     while True:
         try:
-            worker.until_written(
+            saved = worker.until_written(
                 lambda: record_failure(worker, entry, None, landing, retry=False, drop=list(bad)), op="rq_fail"
             )
+            if saved:  # False: another worker saved it (and counted it)
+                _count_failed(entry.error[1])
             return True
         except redis.WatchError:  # its hash changed (another worker failing it?), or the connection died: again
             continue
+
+
+def _count_failed(error: BaseException) -> None:
+    """A failed request in the metrics, as a batch's failed job is: ``rq info`` counted it, the metrics did not."""
+    prometheus.current().on_settled([], [str(error)])
 
 
 def _unlist(worker: BaseWorker, queue: Queue, job_id: str, first_seen: str) -> None:
@@ -182,9 +190,11 @@ def _fail_not_a_hash(worker: BaseWorker, job: Job, queue: Queue, *, listed: bool
     exc_string, landing = format_exc_info((InvalidJob, error, None)), Landing(worker)
     while True:
         try:
-            worker.until_written(
+            saved = worker.until_written(
                 lambda: _record_not_a_hash(worker, job, queue, exc_string, landing, listed, started), op="rq_fail"
             )
+            if saved:  # False: gone from where it was met (another worker failed it)
+                _count_failed(error)
             return
         except redis.WatchError:  # where it was met changed (another worker failing it?): look again
             continue
