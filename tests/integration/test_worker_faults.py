@@ -21,9 +21,11 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
+from tests.metrics_scrape import scrape
 from tests.tcp_proxy import TcpProxy
 from tests.tiny_model import edited_model
 from tests.worker_proc import REPO, delete_keys, env_with, make_env, outcomes, run_cli, start_worker, wait_settled
+from worker.redis_server import free_port
 from worker.stream.scripts import settle_script
 
 GROUP = "triage"
@@ -104,6 +106,8 @@ def proxied(tiny_model_dir, redis_url, tmp_path_factory, proxy):
         TRIAGE_WINDOW_MAX_ITEMS=2,
         TRIAGE_PASS_MAX_ITEMS=2,
         TRIAGE_MAX_WAIT_MS=0,
+        TRIAGE_METRICS_PORT=free_port(),
+        TRIAGE_METRICS_HOST="127.0.0.1",
     )
     with start_worker(env) as w:
         yield env, w
@@ -137,6 +141,10 @@ def test_redis_connection_loss_reconnects_and_writes_each_result_once(proxied, p
     assert w.events("redis_reconnected")
     assert w.returncode is None
     assert r.xpending(env["TRIAGE_INPUT_STREAM"], GROUP)["pending"] == 0
+    # one reconnect per wait for Redis that ended (a redis_reconnected line), as the RQ worker counts: it counted
+    # every failed try (7 for one outage that the RQ worker counted as 1)
+    waits = len(w.events("redis_reconnected"))
+    assert scrape(int(env["TRIAGE_METRICS_PORT"]))[("triage_redis_reconnects_total", ())] == waits
 
 
 def test_sigterm_mid_stream_exits_0_loses_nothing_acks_nothing_unwritten(tiny_model_dir, redis_url, tmp_path):

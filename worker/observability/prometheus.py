@@ -190,7 +190,10 @@ class PrometheusMetrics(Metrics):
                 "triage_queue_pending",
                 "Entries delivered and not yet acked, whole group, at this worker's last window or heartbeat.",
             )
-        self.reconnects = counter("triage_redis_reconnects", "Redis operations retried after a connection error.")
+        self.reconnects = counter(
+            "triage_redis_reconnects",
+            "Waits for Redis that ended: an operation went through after failed tries (one per redis_reconnected).",
+        )
         self.phase = gauge("triage_worker_phase", "1 for the phase the main loop is in, 0 for the others.", ["phase"])
         self.phase_started = gauge(
             "triage_worker_phase_started_timestamp_seconds",

@@ -351,6 +351,7 @@ class _Loop:
                 written.log_skipped(self.log, retry=backoff.attempt)
                 if backoff.reset():
                     self.log.info("redis_reconnected", op="write")
+                    self._count_reconnect()  # one wait that ended (as the RQ worker counts), not one per try
                 return written.outcome
             except (PartialWriteError, WriteRefused):  # retrying cannot help: the worker stops
                 raise
@@ -361,7 +362,6 @@ class _Loop:
                         return None
                     except Exception as again:  # noqa: BLE001 - Redis down while recreating: retry below
                         e = again
-                self._count_reconnect()
                 delay = backoff.failed()
                 self.log.warning(
                     "redis_unavailable" if is_transient(e) else "write_failed",

@@ -109,7 +109,7 @@ class Reader(threading.Thread):
         log,
         drain: bool = False,
         prefetch: bool = True,
-        on_reconnect: Callable[[], None] | None = None,
+        on_reconnect: Callable[[], None] | None = None,  # a read went through after failed tries
         orphans: ResultSink | None = None,
         on_orphans_dead_lettered: Callable[[int], None] | None = None,
     ):
@@ -212,6 +212,8 @@ class Reader(threading.Thread):
             failures = self.backoff.reset()
             if failures:
                 self.log.info("redis_reconnected", op="read", failed_attempts=failures)
+                if self.on_reconnect:  # one wait for Redis that ended, however many tries it took
+                    self.on_reconnect()
         except Exception as e:  # noqa: BLE001 - the worker outlives Redis outages and surprises
             entries = self._partial  # already delivered to us: must be processed, not forgotten
             self._on_read_error(e)
@@ -369,8 +371,6 @@ class Reader(threading.Thread):
                 attempt=self.backoff.attempt,
                 retried_after_s=round(delay, 2),
             )
-            if self.on_reconnect:
-                self.on_reconnect()
         else:
             delay = self.backoff.failed(self.stop)
             self.log.error(

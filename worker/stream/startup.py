@@ -246,6 +246,7 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 return "config"
             if backoff.reset():
                 log.info("redis_reconnected", op="setup")
+                prometheus.current().reconnected()
             if created is not None:
                 log.info("group_created", stream=settings.input_stream, group=settings.group, start_id=created)
             return "ok"
