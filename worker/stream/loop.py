@@ -23,6 +23,7 @@ from worker.stream.connection import Backoff, is_transient, reply_parser
 from worker.stream.group import GroupGuard, is_nogroup
 from worker.stream.metrics import Summary, WindowMetrics, pass_line
 from worker.stream.reader import DRAINED, END, Reader
+from worker.stream.records import stamp_latency
 from worker.stream.sink import Outcome, PartialWriteError, ResultSink, WriteRefused
 from worker.stream.sizing import WindowSizer
 from worker.stream.startup import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, PERMISSION_FIX, Started, release, start
@@ -346,6 +347,7 @@ class _Loop:
         backoff = Backoff(self.s.reconnect_max_s)
         while True:
             try:
+                stamp_latency(outcome.results)  # to this try: a write that waited out an outage says so
                 written = self.sink.write(outcome)
                 self.reader.written(outcome.ack_ids, w.epoch)
                 written.log_skipped(self.log, retry=backoff.attempt)

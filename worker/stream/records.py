@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -21,6 +21,16 @@ def stream_id_ms(stream_id: str | bytes) -> int:
     if isinstance(stream_id, bytes):
         stream_id = stream_id.decode()
     return int(stream_id.split("-", 1)[0])
+
+
+def stamp_latency(results: Sequence[dict[str, str]], now_ms: float | None = None) -> None:
+    """Each result's ``latency_ms`` to now (enqueue -> this write try), in place: set where the records were built,
+    a write held up by an outage or a queue of passes said up to seconds less than it took."""
+    now_ms = time.time() * 1000 if now_ms is None else now_ms
+    for rec in results:
+        sid = rec.get("stream_id")
+        if sid is not None and "latency_ms" in rec:
+            rec["latency_ms"] = f"{max(0.0, now_ms - stream_id_ms(sid)):.1f}"
 
 
 def result_fields(
