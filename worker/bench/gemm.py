@@ -91,15 +91,21 @@ def work_flops(shape: ModelShape, prefix_len: int, suffix_lengths: Iterable[int]
 
 
 def computed_flops(
-    shape: ModelShape, batches: Sequence, prefix_len: int, cached: bool, pad_to: int | None = None, packed: bool = False
+    shape: ModelShape,
+    batches: Sequence,
+    prefix_len: int,
+    cached: bool,
+    pad_to: int | None = None,
+    packed: bool = False,
+    extra_tokens: int = 0,
 ) -> float:
     """FLOPs the forward passes ran: every row padded to its batch width (or ``pad_to``); packed: each row its own
-    length.
+    length, plus ``extra_tokens`` a CUDA graph's shape added (outside every row: their linear FLOPs only).
 
-    ``batches`` are ``bucketing.Pass`` objects whose lengths are cost lengths
+    ``batches`` are ``bucketing.Pass`` objects whose lengths are the model's cost lengths
     (suffix only when cached, prefix + suffix when not).
     """
-    total = 0.0
+    total = 2.0 * shape.non_embedding_params * extra_tokens
     past = prefix_len if cached else 0
     for b in batches:
         if packed:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from worker.bench.encoder_tokens import lm_tokens
 from worker.engine import bucketing
 
 
@@ -69,13 +70,14 @@ class ModeRun:
     item_batch_s: list[float] = field(default_factory=list)  # per ticket, input order
     wall_s: float = 0.0
     cpu_s: float = 0.0  # process CPU time (all threads): robust to other load on a shared machine
-    real_tokens: int = 0  # cost tokens without padding (prefix included when not cached)
-    computed_tokens: int = 0  # what the forward passes ran, padding included
+    real_tokens: int = 0  # the LM's tokens without padding (prefix included when not cached)
+    computed_tokens: int = 0  # what the LM's forward passes ran, padding (and a graph shape's rounding) included
     work_tokens: int = 0  # ticket suffix tokens only: the real work
     work_lengths: list[int] = field(default_factory=list)  # suffix tokens per ticket run (text + answer cue)
     prefix_tokens_recomputed: int = 0
     subsample: int | None = None  # only the first N tickets were run (the sequential mode on a large workload)
     pass_clocks: list[dict] = field(default_factory=list)  # per pass: items, tokens, wall_ms, host_ms, gpu_ms
+    aux_lengths: list[int] = field(default_factory=list)  # joined features: encoder tokens per ticket, input order
 
 
 def plan(
@@ -177,6 +179,7 @@ def start(clf, items: Sequence, spec: ModeSpec, passes: list[bucketing.Pass], pa
     run.item_batch_s = [0.0] * len(items)
     run.work_lengths = [len(items[i].ids) for i in ran]
     run.work_tokens = sum(run.work_lengths)
+    run.aux_lengths = [len(p.aux_ids) for p in items]  # all 0 without TRIAGE_ENCODER
     run.prefix_tokens_recomputed = 0 if run.cached else clf.prefix_length * len(ran)
     return run
 
@@ -189,12 +192,13 @@ def _record(run: ModeRun, b: bucketing.Pass, preds, stats, wall_s: float, cpu_s:
         run.preds[i] = p
         run.done_s[i] = run.wall_s
         run.item_batch_s[i] = wall_s
-    run.real_tokens += stats.real_tokens
-    run.computed_tokens += stats.padded_tokens
+    real, computed = lm_tokens(run, b, stats)  # the LM's (joined features: the encoder's apart)
+    run.real_tokens += real
+    run.computed_tokens += computed
     run.pass_clocks.append(
         {
             "items": b.size,
-            "tokens": stats.padded_tokens,
+            "tokens": computed,
             "wall_ms": wall_s * 1000,
             "host_ms": stats.host_ms,
             "gpu_ms": stats.gpu_ms or None,

@@ -11,17 +11,22 @@ from collections.abc import Sequence
 from worker.keyspace import delete_under
 
 
-def mode6(settings, texts: Sequence[str], dtype_name: str, first_runs, runs: list[dict]) -> dict:
+def mode6(
+    settings, texts: Sequence[str], dtype_name: str, first_runs, runs: list[dict], prefix_cache: bool | None = None
+) -> dict:
     """Mode 6 as the bench reports it: ``run_redis`` on the settings' Redis (a private server where none answers:
     a GPU box has none), compared with the few-shot mode 5 of ``runs``; ``{"error": ...}`` where the Redis there
-    refuses the URL's credentials (not measured against another Redis)."""
+    refuses the URL's credentials (not measured against another Redis). ``prefix_cache``: the bench classifier's
+    (``use_prefix_cache``), what the worker's own classifier, built the same way, runs."""
     import sys
 
     from worker.redis_server import RedisRefused, redis_or_private
 
     try:
         with redis_or_private(settings.redis_url, log=lambda m: print(m, flush=True), purpose="mode 6") as url:
-            red = run_redis(settings.model_copy(update={"redis_url": url}), texts, dtype_name, first_runs)
+            red = run_redis(
+                settings.model_copy(update={"redis_url": url}), texts, dtype_name, first_runs, prefix_cache=prefix_cache
+            )
     except RedisRefused as e:  # the other modes' figures stand
         print(f"triage-bench: mode 6 not run: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)}
@@ -34,7 +39,13 @@ def mode6(settings, texts: Sequence[str], dtype_name: str, first_runs, runs: lis
 
 
 def run_redis(
-    settings, texts: Sequence[str], dtype_name: str, refs: dict, timeout_s: float = 900.0, namespace: str | None = None
+    settings,
+    texts: Sequence[str],
+    dtype_name: str,
+    refs: dict,
+    timeout_s: float = 900.0,
+    namespace: str | None = None,
+    prefix_cache: bool | None = None,
 ) -> dict:
     """Mode 6: enqueue the tickets, run ``python -m worker run --drain`` as a subprocess, read the results.
 
@@ -42,7 +53,8 @@ def run_redis(
     are deleted at the end. Throughput counts from the worker's ``worker_ready`` log line (model
     loaded and warmed up) to the last result's ``classified_at_ms``, so it
     compares with mode 5's in-process wall time; the process wall time (model
-    load included) is reported too. ``refs``: name -> ModeRun to compare labels with.
+    load included) is reported too. ``refs``: name -> ModeRun to compare labels with; ``prefix_cache``: whether
+    the worker's classifier runs the cache (default: TRIAGE_PREFIX_CACHE, which a model may refuse).
     """
     import json
     import subprocess
@@ -58,7 +70,8 @@ def run_redis(
         "namespace": ns,
         "items": len(texts),
         "window_target_s": settings.window_target_s,
-        "prefix_cache": settings.prefix_cache,  # the worker's TRIAGE_PREFIX_CACHE: mode 5 runs the same (vs_mode5)
+        # the worker's classifier's: mode 5 runs the same (vs_mode5)
+        "prefix_cache": settings.prefix_cache if prefix_cache is None else prefix_cache,
     }
     try:
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from itertools import groupby
 from pathlib import Path
 
+from worker.bench.encoder_tokens import encoder_figures, lm_passes
 from worker.bench.gemm import ModelShape, computed_flops, work_flops
 from worker.engine.types import padding_pct, percentile
 
@@ -32,17 +33,28 @@ def agreement(preds: Sequence, base: Sequence | None) -> tuple[float | None, flo
     return same / len(pairs), delta
 
 
-def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=None, cpu_clock: bool = True) -> dict:
+def summarize(
+    run,
+    shape: ModelShape,
+    prefix_len: int,
+    gemm: dict | None,
+    base=None,
+    cpu_clock: bool = True,
+    encoder_shape: ModelShape | None = None,
+) -> dict:
     """Every figure for one mode. ``base``: the sequential run (ratios, agreement); ``gemm``: ``GemmResult.as_dict()``.
 
     ``cpu_clock``: also report CPU-time figures (process CPU seconds, all threads). On a
     shared CPU they measure the work done rather than the time spent waiting for a core;
-    on a GPU they mean nothing and are left out.
+    on a GPU they mean nothing and are left out. Tokens and FLOPs are the LM's; a joined
+    encoder's (``encoder_shape``) are under ``encoder``.
     """
     ran = [i for i, p in enumerate(run.preds) if p is not None]
     n = len(ran)
     work_fl = work_flops(shape, prefix_len, run.work_lengths)
-    comp_fl = computed_flops(shape, run.passes, prefix_len, run.cached, run.pad_to, packed=run.attention == "packed")
+    packed = run.attention == "packed"
+    extra = run.computed_tokens - run.real_tokens if packed else 0  # a CUDA graph shape's rounding
+    comp_fl = computed_flops(shape, lm_passes(run), prefix_len, run.cached, run.pad_to, packed, extra)
     agree, dprob = agreement(run.preds, None if base is None else base.preds)
     wall, cpu = run.wall_s, (run.cpu_s if cpu_clock else None)
     peak, peak_cpu = (gemm or {}).get("flops_per_s"), (gemm or {}).get("flops_per_cpu_s") if cpu_clock else None
@@ -93,6 +105,7 @@ def summarize(run, shape: ModelShape, prefix_len: int, gemm: dict | None, base=N
             "hfu": _div(_div(comp_fl, wall), peak),
             "mfu_cpu": _div(_div(work_fl, cpu), peak_cpu),
         },
+        "encoder": encoder_figures(run, encoder_shape, wall),  # None without TRIAGE_ENCODER
     }
 
 
@@ -242,7 +255,7 @@ def header(hardware: dict, model: dict, workload: dict, gemm: dict | None, setti
             f"engine   : mode 5 attention {settings['attention']} (kernel {settings.get('attention_kernel')}, "
             f"CUDA graphs "
             f"{'on' if settings.get('cuda_graphs') else 'off'}), "
-            f"prefix cache {'on' if settings.get('prefix_cache', True) else 'off (TRIAGE_PREFIX_CACHE=false)'}, "
+            f"prefix cache {_cache_state(settings)}, "
             f"caps {settings.get('engine_pass_max_items')} items / "
             f"{settings.get('engine_pass_max_tokens')} tokens; modes 1-4 padded"
             + (f"; mode 1 on the first {settings['sequential_n']} tickets" if settings.get("sequential_n") else "")
@@ -290,6 +303,14 @@ def _windows(settings: dict) -> str:
     return f"up to {cap}, sized to {target:g} s of work" if target else str(cap)
 
 
+def _cache_state(settings: dict) -> str:
+    """The prefix cache as the classifier runs it (a model whose fast paths refuse it runs without, as mode 5)."""
+    if settings.get("prefix_cache", True):
+        return "on"
+    asked = settings.get("prefix_cache_setting") is not False  # TRIAGE_PREFIX_CACHE on: the model refuses it
+    return "off (not for this model)" if asked else "off (TRIAGE_PREFIX_CACHE=false)"
+
+
 def _measured(settings: dict) -> str:
     """ " (measured)" when TRIAGE_PASS_OVERHEAD_TOKENS=auto timed this run's passes (CUDA's default is not measured)."""
     return " (measured)" if settings.get("pass_overhead_measured") else ""
@@ -298,14 +319,14 @@ def _measured(settings: dict) -> str:
 def run_settings(
     settings, clf, *, fixed_batch: int, sequential_n: int | None = None, baseline_n: int | None = None
 ) -> dict:
-    """The batching settings every mode ran with (the JSON's ``settings``): the worker's, and what the engine made
-    of them on this device."""
+    """The batching settings every mode ran with (the JSON's ``settings``): what the classifier plans and runs with
+    on this device (on CUDA the engine's pass caps where TRIAGE_PASS_* are unset), not only what was asked."""
     from worker.assemble import window_max_items
     from worker.engine.overhead import measured_here
 
     return {
-        "pass_max_items": settings.pass_max_items,
-        "pass_max_tokens": settings.pass_max_tokens,
+        "pass_max_items": clf.options.pass_max_items,  # modes 4-6 plan with these (CUDA: 2048 / 32768 where unset)
+        "pass_max_tokens": clf.options.pass_max_tokens,
         "pass_overhead_tokens": clf.options.pass_overhead_tokens,  # what the planner used ("auto": measured)
         "pass_overhead_measured": measured_here(settings.pass_overhead_tokens, clf.device),
         "window_max_items": window_max_items(settings, clf.device),  # mode 6's: the CUDA default where unset
@@ -314,7 +335,8 @@ def run_settings(
         "max_input_tokens": settings.max_input_tokens,
         "truncate": settings.truncate,  # false: tickets over max_input_tokens are dropped (workload.dropped)
         "scorer": clf.scorer.kind,
-        "prefix_cache": settings.prefix_cache,
+        "prefix_cache": clf.use_prefix_cache,  # what mode 5 runs: off where the model's fast paths refuse it
+        "prefix_cache_setting": settings.prefix_cache,  # TRIAGE_PREFIX_CACHE
         "attention": clf.attention,
         "attention_kernel": clf.attention_kernel,
         "cuda_graphs": bool(clf.options.cuda_graphs and clf.device.type == "cuda" and clf.attention == "packed"),

@@ -29,14 +29,18 @@ class LaunchedPass:
         self.host_ms = self.wall_ms = 0.0
         self.done_at = 0.0
         self._marked = False
+        self.extra_tokens = 0
         if self.cuda:
             self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._t0 = time.perf_counter()
 
-    def mark(self) -> None:
-        """The host has prepared the pass; its device work is queued from here on."""
+    def mark(self, extra_tokens: int = 0) -> None:
+        """The host has prepared the pass; its device work is queued from here on. ``extra_tokens``: what the
+        pass computes beyond its real tokens (a packed pass laid out at a CUDA graph's rounded shape)."""
         if self.cuda and not self._marked:
             self._start.record()
+        if not self._marked:
+            self.extra_tokens = extra_tokens
         self._marked = True
 
     def finish_launch(self, scores: torch.Tensor) -> LaunchedPass:

@@ -233,8 +233,8 @@ def run_packed(
     if runner is not None:
         layout = runner.layout_for(layout)
     ids, pos, cu, row, offset = stream_tensors(rows, layout, past, pad_id)
-    if on_device is not None:
-        on_device()
+    if on_device is not None:  # with the tokens a graph's rounded shape adds: replay or eager, all are computed
+        on_device(layout.padded_total - layout.total)
     hidden, kv = None, []
     if runner is not None:
         got = runner.run(layout, ids, pos, cu, players, keep_cache, kernel)

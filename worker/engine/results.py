@@ -63,12 +63,14 @@ def predictions(
 def pass_cost(
     b: Pass, launched: LaunchedPass, post_ms: float, *, packed: bool, pad_to: int | None, prefix_tokens: int
 ) -> PassStats:
-    """What pass ``b`` cost: a packed pass computes its real tokens only, a padded one every row at its
-    widest (or ``pad_to``); ``prefix_tokens`` per row were read from the cache; ``post_ms`` of host postprocess."""
+    """What pass ``b`` cost: a packed pass computes its real tokens and those a CUDA graph's rounded shape added
+    (``launched.extra_tokens``: charged as real, the padding, computed tokens and HFU read as if none were added),
+    a padded one every row at its widest (or ``pad_to``); ``prefix_tokens`` per row were read from the cache;
+    ``post_ms`` of host postprocess."""
     return PassStats(
         items=b.size,
         real_tokens=b.real_tokens,
-        padded_tokens=b.real_tokens if packed else b.size * max(b.max_len, pad_to or 0),
+        padded_tokens=b.real_tokens + launched.extra_tokens if packed else b.size * max(b.max_len, pad_to or 0),
         prefix_tokens_reused=prefix_tokens * b.size,
         infer_ms=launched.wall_ms,
         gpu_ms=launched.gpu_ms,
