@@ -21,6 +21,7 @@ before ``BaseWorker``:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import signal
@@ -100,6 +101,15 @@ def _stop_signals_set(stop: threading.Event) -> Callable[[], None]:
     return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
 
+def _stay_stopped() -> None:
+    """At the process's exit, after the work loop ended: SIGINT/SIGTERM ignored. The interpreter's teardown (~1.6 s
+    with torch loaded) resets a Python handler to the default, so a second signal then (docker stop and Ctrl-C, tini
+    -g) killed a worker whose work was done and recorded (-15, a --burst job failed); it keeps an ignored one."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+
+
 def _skipped_if_refused(write: Callable[[], object]) -> None:
     try:
         write()
@@ -134,6 +144,8 @@ class RedisWaits(BaseWorker):
         except StopBeforeStart:  # raised by register_birth, before RQ's loop (and its teardown) ran
             self.log.info("Worker %s: stopping on request before it started", self.name)
             return False
+        finally:
+            atexit.register(_stay_stopped)
 
     def register_birth(self) -> None:
         """RQ's, tried again while Redis refuses it (see the module doc); raises StopBeforeStart on a warm stop. A try
