@@ -193,10 +193,10 @@ class Heartbeat:
                 stop.wait(poll_s)
         return Claim(False, seen)
 
-    def leave_group(self, stream: str, group: str, consumer: str) -> bool:
+    def leave_group(self, stream: str, group: str, consumer: str, client: redis.Redis | None = None) -> bool:
         """Remove ``consumer`` from ``group`` at exit, in one atomic step (scripts.LEAVE): only while no other
-        process holds the name and it has nothing pending. True if removed."""
-        return bool(leave_script(self.client, [self.key, stream], [self.instance, group, consumer]))
+        process holds the name and it has nothing pending. True if removed. ``client``: as ``clear``'s."""
+        return bool(leave_script(client or self.client, [self.key, stream], [self.instance, group, consumer]))
 
     def clear(self, client: redis.Redis | None = None) -> bool:
         """Delete the key at exit, unless another process has taken the name over; True if it was deleted (the

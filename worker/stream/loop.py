@@ -382,7 +382,7 @@ class _Loop:
         # after the keeper's last beat: a name found lost up to then exits 2 (drained, stopped or not)
         code, why = self.shutdown.outcome(code, why)
         self.reader.join(timeout=READER_JOIN_S)  # gone already unless the writer failed: it may be mid-read
-        release(self.heartbeat, self.source, reader_done=not self.reader.is_alive(), log=self.log)
+        release(self.heartbeat, self.source, self.s.redis_url, reader_done=not self.reader.is_alive(), log=self.log)
         totals = self.status.snapshot()
         self.log.info(
             "worker_stopped",

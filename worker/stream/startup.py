@@ -165,22 +165,31 @@ def _claim_name(heartbeat: Heartbeat, shutdown: Shutdown, log) -> bool:
     return True
 
 
-def release(heartbeat: Heartbeat, source: StreamSource, *, reader_done: bool, log) -> None:
+EXIT_STEP_TIMEOUT_S = 2.0  # each of the exit's two Redis calls: a Redis that stopped answering does not hold the exit
+
+
+def release(heartbeat: Heartbeat, source: StreamSource, url: str, *, reader_done: bool, log) -> None:
     """At exit: the group's consumer, then the heartbeat key, each on its own (a stopped worker must not look alive).
 
     No trail of dead names in XINFO (each process has its own), but never while the reader may still read (an entry
     taken after the count would leave the pending list with the consumer, unacked), nor once another process holds
-    the name (its entries would go with it). Before the key is cleared: while it is ours, a newcomer waits."""
+    the name (its entries would go with it). Before the key is cleared: while it is ours, a newcomer waits. On a
+    client of its own with a short timeout: on the worker's (15 s or more) a Redis that stopped answering held a
+    warm stop 30 s past the read in progress."""
+    client = connect(url, socket_timeout_s=EXIT_STEP_TIMEOUT_S, connect_timeout_s=EXIT_STEP_TIMEOUT_S)
 
     def leave_group() -> None:
         if reader_done:
-            heartbeat.leave_group(source.stream, source.group, source.consumer)
+            heartbeat.leave_group(source.stream, source.group, source.consumer, client)
 
-    for step in (leave_group, heartbeat.clear):
-        try:
-            step()
-        except Exception as e:  # noqa: BLE001 - best effort on the way out
-            log.warning("cleanup_failed", error=str(e))
+    try:
+        for step in (leave_group, lambda: heartbeat.clear(client)):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - best effort on the way out
+                log.warning("cleanup_failed", error=str(e))
+    finally:
+        client.close()
 
 
 def _name_lost(holder: dict, shutdown: Shutdown, log) -> None:
