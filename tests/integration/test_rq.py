@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 from rq import Callback, Queue, Retry, SimpleWorker
+from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.results import Result
@@ -290,6 +291,9 @@ def test_batch_worker_labels_rq_jobs_in_batches_and_fails_bad_ones_alone(rq_setu
         job = Job.fetch(job_id, connection=h.conn, serializer=JSONSerializer)
         assert job.get_status() == JobStatus.FAILED and job_id in failed_ids
         assert reason in job.latest_result().exc_string
+        # no failure_ttl given: the failed Result lives as long as the job (RQ's 1-year default), never forever (RQ
+        # saves it with no expiry: ~5 KB a failed job that a soak hunt saw pile up)
+        assert 0 < h.conn.ttl(Result.get_key(job_id)) <= DEFAULT_FAILURE_TTL
     assert sentinel.exists() and not pickled_proof.exists()  # nothing of a job but classify ever ran
     assert Job.fetch(wrong_type.id, connection=h.conn, serializer=JSONSerializer).retries_left == 0  # retried once
     assert h.conn.get(mark) == b"InvalidJob"  # the allowed failure callback ran

@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from rq.defaults import DEFAULT_FAILURE_TTL
 from rq.job import JobStatus
 from rq.job_lifecycle import format_exc_info
+from rq.results import Result
 
 from worker.rqbatch.jobs import Entry, unlist
 from worker.rqbatch.landing import Landing
@@ -86,6 +88,8 @@ def _saved(
                 execution_started_at=execution.created_at if execution else None,
                 execution_ended_at=job.ended_at,
             )
+            if job.failure_ttl is None:  # RQ keeps the job 1 year but saves its failed Result with no expiry
+                pipe.expire(Result.get_key(job.id), DEFAULT_FAILURE_TTL)  # (~5 KB a failed job, for good)
         worker.increment_failed_job_count(pipe)
         if job.started_at and job.ended_at:
             worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
