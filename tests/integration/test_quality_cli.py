@@ -134,6 +134,19 @@ def test_eval_rejects_missing_files_and_unknown_labels(tiny_env, tmp_path, capsy
     assert "labels the task does not know: ['greeting']" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content", [b"", b"not a head at all", b"\x08\x00\x00\x00\x00\x00\x00\x00{}"])
+def test_eval_refuses_a_head_file_it_cannot_load_before_the_model_loads(tiny_env, tmp_path, capsys, content):
+    """``--head`` (or TRIAGE_HEAD_PATH) naming a corrupt or foreign file ended in a traceback (exit 1), and only after
+    the test pass: minutes on real data. The worker and verify say it in one line."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "I was charged twice", "label": "billing"}\n')
+    bad = tmp_path / "head.safetensors"
+    bad.write_bytes(content)
+    assert main(["eval", "--input", str(data), "--head", str(bad), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eval: cannot load scorer head {bad}") and "Traceback" not in err, err
+
+
 def test_eval_on_a_sample_lacking_a_label_scores_the_configured_task_whole(tiny_env, tmp_path, capsys):
     """A small --limit (no 'shipping' ticket in it) still measures the worker's task: its 5 labels, descriptions
     and examples, and the head the worker fits on them at start-up -- not a 4-label task without either."""

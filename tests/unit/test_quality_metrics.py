@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,6 +71,16 @@ def test_task_file_with_examples_round_trips_through_the_engine_loader(tmp_path)
         back = load_task_file(tmp_path / name)
         assert back == task
     assert task_to_dict(task)["examples"][0]["label"] == "billing"
+
+
+def test_an_example_holding_a_nel_character_round_trips_through_the_yaml_task_file(tmp_path):
+    """U+0085 (NEL: cp1252's "..." decoded as Latin-1, a common export slip) was written raw and read back as a line
+    break, a space: fit's --examples-out wrote a task whose prompt was not the head's (verify: exit 2)."""
+    task = default_task()
+    text = "Calendar invites created in your tool show up one hour off in Outlook, I think it's a timezone / daylight "
+    odd = task.with_examples([replace(task.examples[0], text=text + "saving bug\x85")])  # single-quoted, folded
+    write_task_file(odd, tmp_path / "task.yaml")
+    assert load_task_file(tmp_path / "task.yaml") == odd
 
 
 def test_load_labelled_jsonl_csv_split_and_label_map(tmp_path):

@@ -94,6 +94,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def _loadable_head(path: Path) -> None:
+    """A ``ValueError`` (exit 2) for a head file that cannot be read: corrupt, of a newer format, not a head."""
+    from worker.quality.head import Head
+
+    try:
+        Head.load(path)
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types for corrupt files
+        raise ValueError(f"cannot load scorer head {path}: {type(e).__name__}: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
@@ -126,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
         if train and "head" in args.variants:  # heads are fitted on --train: every label needs a ticket
             coarse = [data.Labelled(r.text, groups[r.label]) for r in train] if groups else train
             data.require_every_label(base.labels, coarse, f"--train {train_src.description}")
+        head_file = args.head or settings.head_path
+        if head_file is not None:  # before the model loads and the test pass runs (minutes), not a traceback after
+            _loadable_head(head_file)
         if train_src and data.seen_in_fit([data.provenance(train_src)], test_src):
             raise ValueError(
                 f"--train {train_src.description} holds the test rows ({test_src.description}): every head and "
@@ -147,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         head_shots=args.head_shots,
         curve_repeats=args.curve_repeats,
         cache_dir=args.cache_dir,
-        head_file=args.head or settings.head_path,
+        head_file=head_file,
         groups=groups,
         seen_in_fit=lambda fitted: data.seen_in_fit(fitted, test_src),
     )

@@ -86,4 +86,7 @@ def write_task_file(task: Task, path: str | Path) -> None:
 
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     else:
-        path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120), encoding="utf-8")
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
+        if yaml.safe_load(text) != data:  # a raw U+0085 (NEL, cp1252's "..." read as Latin-1) reads back as a line
+            text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=120)  # break: escaped, exact
+        path.write_text(text, encoding="utf-8")
