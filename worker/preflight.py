@@ -207,13 +207,20 @@ def _task(settings):
 
 
 def file_problems(settings, *, task: bool = True, head: bool = True) -> list[Problem]:
-    """TRIAGE_TASK_FILE (``task``) and TRIAGE_HEAD_PATH (``head``), when set, must be files (not directories)."""
+    """TRIAGE_TASK_FILE (``task``) and TRIAGE_HEAD_PATH (``head``), when set, must be files (not directories); the
+    head file a scorer head of this version, by its header."""
     out = []
     if task and settings.task_file is not None and not settings.task_file.is_file():
         out.append(Problem("TRIAGE_TASK_FILE", _not_a_file(settings.task_file)))
     head_path = getattr(settings, "head_path", None)
     if head and head_path is not None and not head_path.is_file():
         out.append(Problem("TRIAGE_HEAD_PATH", _not_a_file(head_path)))
+    elif head and head_path is not None:  # its header, no torch: `check` passed a file the worker then refused
+        from worker.quality.head_file import head_file_problem
+
+        why = head_file_problem(head_path)
+        if why is not None:
+            out.append(Problem("TRIAGE_HEAD_PATH", why))
     return out
 
 

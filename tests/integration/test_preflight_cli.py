@@ -255,6 +255,8 @@ def test_check_reports_a_bad_task_beside_a_missing_head_file(triage_env, tmp_pat
 
 def test_check_and_run_refuse_a_scorer_the_model_cannot_run_before_loading_it(triage_env, tiny_bert_dir, tmp_path):
     """Each used to pass `check` and fail only once `run` had loaded the model."""
+    not_a_head = tmp_path / "head.safetensors"
+    not_a_head.write_text("labels: [billing, other]\n")
     cases = {
         "scorer head, no head": (dict(TRIAGE_SCORER="head"), "TRIAGE_HEAD_PATH", "TRIAGE_SCORER=head needs it"),
         "encoder, prompt": (
@@ -269,6 +271,8 @@ def test_check_and_run_refuse_a_scorer_the_model_cannot_run_before_loading_it(tr
         ),
         "head path empty": (dict(TRIAGE_HEAD_PATH="", TRIAGE_SCORER="head"), "TRIAGE_HEAD_PATH", "needs it"),
         "head path a directory": (dict(TRIAGE_HEAD_PATH=tmp_path), "TRIAGE_HEAD_PATH", "is a directory, not a file"),
+        # `check` passed it (only `run`, once the model loaded, refused it)
+        "head file no head": (dict(TRIAGE_HEAD_PATH=not_a_head), "TRIAGE_HEAD_PATH", "is not a safetensors file"),
     }
     runs = {}
     for name, (env, _, _) in cases.items():

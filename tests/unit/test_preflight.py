@@ -201,3 +201,31 @@ def test_a_password_cut_by_hash_or_query_is_refused_without_echoing_a_piece_of_i
     problem = redis_url_problem(url)
     assert problem is not None and "percent-encode" in problem.message
     assert piece not in problem.message and piece.lower() not in problem.message
+
+
+def test_a_head_file_that_is_no_head_of_this_version_is_a_problem_before_anything_loads(tmp_path):
+    """`check` looked only for the file: a truncated, foreign or newer-format head passed it, and the worker then
+    refused it at start. Its safetensors header says so, read without numpy or torch."""
+    import json
+    import struct
+
+    from worker.quality.head_file import FORMAT, head_file_problem
+
+    def safetensors(header: dict) -> bytes:
+        raw = json.dumps(header).encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    tensors = {t: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]} for t in ("mean", "std", "weight", "bias")}
+    cases = {
+        "empty": (b"", "not a safetensors file"),
+        "text": (b"labels: [a, b]\n", "not a safetensors file"),
+        "weights": (safetensors({"w": tensors["mean"]}), "no 'triage_head' metadata"),
+        "newer": (safetensors({"__metadata__": {"triage_head": '{"format": "triage-head/2"}'}}), "triage-head/2"),
+        "no tensors": (safetensors({"__metadata__": {"triage_head": json.dumps({"format": FORMAT})}}), "mean"),
+        "head": (safetensors({"__metadata__": {"triage_head": json.dumps({"format": FORMAT})}, **tensors}), None),
+    }
+    for name, (content, why) in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(content)
+        got = head_file_problem(path)
+        assert (got is None) if why is None else (why in (got or "")), (name, got)
