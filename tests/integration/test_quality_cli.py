@@ -276,7 +276,13 @@ def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, ca
         ]
     )
     assert rc == 0
-    assert f"TRIAGE_HEAD_PATH={head_path}" in capsys.readouterr().out
+    hint = capsys.readouterr().out.rsplit("run the worker with: ", 1)[1]
+    # every setting the head is tied to that is not the default (the model here): the hint named the head alone
+    assert hint.startswith(f"TRIAGE_HEAD_PATH={head_path} TRIAGE_TASK_FILE={task_path} TRIAGE_MODEL="), hint
+    umask = os.umask(0)
+    os.umask(umask)
+    assert head_path.stat().st_mode & 0o777 == 0o666 & ~umask  # safetensors wrote 0600
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
     task = load_task_file(task_path)
     assert len(task.examples) == 5 and {e.label for e in task.examples} == set(task.labels)
     head = Head.load(head_path)
@@ -346,6 +352,16 @@ def test_fit_writes_task_file_and_a_head_the_worker_loads(tiny_env, tmp_path, ca
     report = json.loads(out.read_text())
     assert report["worker_default"] == "head file centroid/mean"
     assert {m["name"] for m in report["methods"]} >= {"head file centroid/mean", "head on task examples centroid/mean"}
+
+
+def test_fit_refuses_an_output_it_cannot_write_before_the_model_loads(tiny_env, tmp_path, capsys):
+    """``--out`` a directory, or in a folder that cannot be made: a traceback after the forward pass and the fit."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, words in ((tmp_path, "is a directory"), (blocker / "head.safetensors", "cannot create its folder")):
+        assert main(["fit", "--input", str(TICKETS), "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"fit: --out {out}") and words in err and "Traceback" not in err, err
 
 
 def test_fit_refuses_unknown_labels_and_empty_requests(tiny_env, tmp_path, capsys):

@@ -114,9 +114,21 @@ def test_a_scorer_that_cannot_work_is_found_before_the_model_loads(tiny_model_di
     assert p.where == where and words in str(p), p
 
 
+def _head_header() -> bytes:
+    import json
+    import struct
+
+    from worker.quality.head_file import FORMAT, TENSORS
+
+    spec = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    header = {"__metadata__": {"triage_head": json.dumps({"format": FORMAT})}, **{t: spec for t in TENSORS}}
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * 4
+
+
 def test_scorers_that_can_work_pass(tiny_model_dir, tiny_bert_dir, tmp_path):
-    head = tmp_path / "head.safetensors"
-    head.write_bytes(b"checked when loaded")
+    head = tmp_path / "head.safetensors"  # a head of this version by its header; its fit is checked when loaded
+    head.write_bytes(_head_header())
     assert _worker_problems(tiny_bert_dir) == []  # the built-in task has an example for every label
     assert _worker_problems(tiny_bert_dir, labels="a,b", head_path=head) == []
     assert _worker_problems(tiny_model_dir, labels="a,b") == []  # a causal LM scores label tokens

@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         rows = source.rows
         if args.fine_labels and not source.label_map:
             raise ValueError("--fine-labels needs a label map (--label-map, or a named set like clinc150-domains)")
+        for flag, path in (("--out", args.out), ("--examples-out", args.examples_out)):
+            _writable(flag, path)  # before the model loads and the pass runs, not a traceback after them
         task = _task_for(task_from_settings(settings), rows, settings, args.examples_out is not None)
         if args.out:  # with --fine-labels: a task label no fine label maps to has no rows here either
             data.require_every_label(task.labels, rows, source.description)
@@ -164,8 +166,37 @@ def _fit(args, settings, task, source) -> None:
         )
     fine = f", {len(head.labels)} fine labels summed into {len(task.labels)}" if groups else ""
     print(f"fitted {args.method}/{args.pooling} head on {len(rows)} tickets{fine} ({secs:.0f} s forward) -> {args.out}")
-    env = f"TRIAGE_HEAD_PATH={args.out}" + (f" TRIAGE_TASK_FILE={args.examples_out}" if args.examples_out else "")
-    print(f"run the worker with: {env} (TRIAGE_SCORER=auto or head)")
+    print(f"run the worker with: {_serve_env(args, settings)} (TRIAGE_SCORER=auto or head)")
+
+
+def _writable(flag: str, path: Path | None) -> None:
+    """A ``ValueError`` (exit 2) for an output path that cannot be written: a directory, an unwritable folder."""
+    import os
+
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot create its folder: {e.strerror or e}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: its folder {path.parent} is not writable")
+
+
+def _serve_env(args: argparse.Namespace, settings) -> str:
+    """The settings the worker needs to serve this head: every one the head is tied to that is not the default
+    (the hint named the head alone, and a head fitted on bundled:minilm then failed against the default model)."""
+    import shlex
+
+    from worker.settings import Settings
+
+    env = {"TRIAGE_HEAD_PATH": args.out, "TRIAGE_TASK_FILE": args.examples_out or settings.task_file}
+    for name in ("model", "encoder", "labels", "head_prompt"):
+        if getattr(settings, name) != Settings.model_fields[name].default:
+            env[f"TRIAGE_{name.upper()}"] = getattr(settings, name)
+    return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items() if v is not None)
 
 
 def _default_head(args: argparse.Namespace) -> int:

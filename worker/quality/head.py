@@ -14,14 +14,15 @@ labels carry while the worker writes the labels its task names. Two fits produce
 * ``centroid``: cosine to each class mean, times a temperature fitted by leave-one-out log-loss.
 
 Saved as safetensors (tensors) with JSON metadata in the header: labels, pooling,
-model, prompt hash. No pickle. A head only fits the prompt and model it was trained
-with, so loading checks both (``check``).
+model, its weights' fingerprint, prompt hash. No pickle. A head only fits the prompt and model it was
+trained with, so loading checks both (``check``): the model by its weights where the head recorded them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,9 @@ import torch
 
 from worker.engine.results import softmax
 from worker.engine.types import ConfigError
+from worker.quality.fingerprint import KEY, backbone_fingerprint, model_mismatch
+from worker.quality.head_file import FORMAT  # the preflight reads the same header without torch
 
-FORMAT = "triage-head/1"
 DEFAULT_TEMPERATURE = 20.0  # cosine temperature when no class has two examples to fit it on
 L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
@@ -55,9 +57,12 @@ def prompt_hash(clf) -> str:
 
 
 def head_meta(clf, source: str) -> dict:
-    """What a head fitted on ``clf``'s pooled states records about them (``Head.check`` compares it on load)."""
+    """What a head fitted on ``clf``'s pooled states records about them (``Head.check`` compares it on load);
+    ``model_fingerprint`` (the weights, fingerprint.py) only where the backbones are files on disk."""
+    fingerprint = backbone_fingerprint(clf)
     return {
         "model": clf.model_name,
+        **({KEY: fingerprint} if fingerprint else {}),
         "prompt_hash": prompt_hash(clf),
         "dtype": clf.dtype_name,
         "source": source,
@@ -117,8 +122,8 @@ class Head:
         problems = []
         if set(self.outputs) != set(clf.labels):
             problems.append(f"labels {sorted(self.outputs)} != task labels {sorted(clf.labels)}")
-        if self.meta.get("model") != clf.model_name:
-            problems.append(f"model {self.meta.get('model')!r} != {clf.model_name!r}")
+        if (why := model_mismatch(self.meta, clf)) is not None:  # the weights' fingerprint, else the model name
+            problems.append(why)
         if self.meta.get("prompt_hash") != prompt_hash(clf):
             problems.append("the prompt (instructions, label descriptions or few-shot examples) changed since fitting")
         if self.mean.shape[0] != clf.feature_dim:
@@ -159,8 +164,17 @@ class Head:
             k: np.ascontiguousarray(v, dtype=np.float32)
             for k, v in (("mean", self.mean), ("std", self.std), ("weight", self.weight), ("bias", self.bias))
         }
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata={"triage_head": json.dumps(meta)})
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a refit over a live head never leaves half a file
+        try:
+            save_file(tensors, str(tmp), metadata={"triage_head": json.dumps(meta)})
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600: unreadable to a container's other user
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> Head:
