@@ -125,7 +125,10 @@ class Head:
         if (why := model_mismatch(self.meta, clf)) is not None:  # the weights' fingerprint, else the model name
             problems.append(why)
         if self.meta.get("prompt_hash") != prompt_hash(clf):
-            problems.append("the prompt (instructions, label descriptions or few-shot examples) changed since fitting")
+            problems.append(
+                "the prompt (instructions, the label names or their order, descriptions or few-shot examples) "
+                "changed since fitting"
+            )
         if self.mean.shape[0] != clf.feature_dim:
             problems.append(f"feature size {self.mean.shape[0]} != {clf.feature_dim}")
         want, have = self.meta.get("head_prompt"), clf.head_prompt
