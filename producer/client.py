@@ -366,7 +366,8 @@ def _connect(url: str) -> redis.Redis:
         )
     except ValueError as e:
         why = mask_with_url_secrets(str(e), url)
-        raise ValueError(f"TRIAGE_REDIS_URL {mask_unparsed_url(url)} does not parse: {why}") from None
+        shown = mask_with_url_secrets(mask_unparsed_url(url), url)  # (the shapes stop at a space or a quote)
+        raise ValueError(f"TRIAGE_REDIS_URL {shown} does not parse: {why}") from None
 
 
 def _many(arg: Any, name: str, one: str, *, mapping_too: bool = False) -> Any:

@@ -95,8 +95,11 @@ def mask_url(url: str) -> str:
 
 def mask_with_url_secrets(text: str, url: str) -> str:
     """``text`` (the URL itself, or a library's message about it) with the secrets ``url`` holds masked, registered
-    or not: the URL shapes miss a password with a space or a quote in it (a settings repr printed it in clear)."""
-    return mask_secrets(mask_values(text, set(url_secrets(url))))
+    or not: the URL shapes miss a password with a space or a quote in it (a settings repr printed it in clear). Its
+    pieces too (cut at / ? # @ : = &): a library that misread the URL quotes one ("as 'my pass'")."""
+    secrets = set(url_secrets(url))
+    secrets |= {p for s in secrets for p in re.split(r"[@:/?#=&]", s) if len(p) >= _PIECE_CHARS}
+    return mask_secrets(mask_values(text, secrets))
 
 
 def register_secret(value: str | None) -> None:

@@ -101,6 +101,16 @@ def _stop_signals_set(stop: threading.Event) -> Callable[[], None]:
     return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
 
+_STAYS_STOPPED: list[bool] = []
+
+
+def _stay_stopped_at_exit() -> None:
+    """``_stay_stopped`` at the process's exit, registered once however many times the worker runs."""
+    if not _STAYS_STOPPED:
+        _STAYS_STOPPED.append(True)
+        atexit.register(_stay_stopped)
+
+
 def _stay_stopped() -> None:
     """At the process's exit, after the work loop ended: SIGINT/SIGTERM ignored. The interpreter's teardown (~1.6 s
     with torch loaded) resets a Python handler to the default, so a second signal then (docker stop and Ctrl-C, tini
@@ -145,7 +155,7 @@ class RedisWaits(BaseWorker):
             self.log.info("Worker %s: stopping on request before it started", self.name)
             return False
         finally:
-            atexit.register(_stay_stopped)
+            _stay_stopped_at_exit()
 
     def register_birth(self) -> None:
         """RQ's, tried again while Redis refuses it (see the module doc); raises StopBeforeStart on a warm stop. A try

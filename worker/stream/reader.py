@@ -42,7 +42,7 @@ class InFlight:
         self._ids: dict[str, int] = {}
         self._unread: set[str] = set()  # held as markers (too large to read): the keeper leaves them alone
         self._lock = threading.Lock()
-        self._lowest: str | None = None  # kept as ids come, found again once it is discarded (per window, not pass)
+        self._lowest: str | None = None  # kept as ids come, found again once it is discarded (a pass holding it)
         self._lowest_known = True
 
     def add(self, ids: Sequence[str], epoch: int = 0, *, unread: Sequence[str] = ()) -> None:
