@@ -4,6 +4,7 @@ are served. Heads without a fingerprint (older heads, the shipped ones) keep the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -137,5 +138,12 @@ def test_fingerprint_reads_the_weights_actually_loaded_and_skips_models_without_
     assert weights_fingerprint(copy) == fp  # content, not place
     (copy / "config.json").write_text((copy / "config.json").read_text().replace('"rms_norm_eps"', '"rms_norm_eps" '))
     assert weights_fingerprint(copy) == fp  # the config's meaning, not its spacing
+    config = json.loads((copy / "config.json").read_text())
+    # keys a newer transformers writes, or runtime switches, on the same weights (a GGUF converted again after an
+    # upgrade): not "the weights differ"
+    (copy / "config.json").write_text(json.dumps({**config, "use_cache": False, "_attn_implementation_autoset": True}))
+    assert weights_fingerprint(copy) == fp
+    (copy / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))  # what the weights compute
+    assert weights_fingerprint(copy) != fp
     assert model_fingerprint(dataclasses.replace(loaded, source="in-memory")) is None  # nothing on disk: skipped
     assert weights_fingerprint(tmp_path) is None  # no weights files

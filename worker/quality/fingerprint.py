@@ -5,9 +5,9 @@ fine-tune written over the directory) and one model has many names (``/x/tiny``,
 ``~/m``). Why not a full sha256: a 1B model's GBs would be read at every worker start.
 
 So, over the files ``from_pretrained`` actually loads (the resolved source: a directory, the GGUF conversion
-or unzipped bundle in the cache, a hub snapshot): the config (parsed, less the keys ``save_pretrained`` stamps
-with the writer's version), and for each weights file its name, size, safetensors header (every tensor's name,
-dtype, shape, offsets) and 4 KiB samples at the start, middle and end of every tensor. Training or another
+or unzipped bundle in the cache, a hub snapshot): the config's architecture keys (``ARCHITECTURE``), and for
+each weights file its name, size, safetensors header (every tensor's name, dtype, shape, offsets) and 4 KiB
+samples at the start, middle and end of every tensor. Training or another
 seed changes every tensor it touches, so a fine-tune changes the samples; a few MiB are read per model
 (``SAMPLE`` x 3 x tensors). A file that is not safetensors (``pytorch_model.bin``) is sampled at fixed strides.
 """
@@ -25,7 +25,30 @@ KEY = "model_fingerprint"  # the head metadata key (``head.head_meta``); absent 
 SCHEME = "w1"  # the definition below; a head recording another scheme is compared by name only
 SAMPLE = 4096  # bytes read at each of a tensor's start, middle and end
 STRIDES = 64  # samples of a file that is not safetensors
-VOLATILE = ("transformers_version", "_name_or_path", "torch_dtype", "dtype")  # rewritten with no weight changed
+# The config keys that say what the weights compute; the rest (transformers_version, _name_or_path, dtype, use_cache,
+# keys a newer transformers adds when it converts a GGUF again) change with no weight changed: left out, they
+# cannot refuse a head as fitted on "other weights"
+ARCHITECTURE = (
+    "model_type",
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "hidden_act",
+    "hidden_activation",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "tie_word_embeddings",
+    "position_embedding_type",
+    "sliding_window",
+)
 _MAX_HEADER = 100 << 20
 
 
@@ -112,7 +135,7 @@ def _config_bytes(config: Path) -> bytes:
         return raw
     if not isinstance(data, dict):
         return raw
-    return json.dumps({k: v for k, v in data.items() if k not in VOLATILE}, sort_keys=True).encode()
+    return json.dumps({k: data[k] for k in ARCHITECTURE if k in data}, sort_keys=True).encode()
 
 
 def _sample_file(f, size: int, h) -> None:
