@@ -34,7 +34,7 @@ from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 
 from worker.rqbatch import unreadable
-from worker.rqbatch.jobs import job_hashes, unlist
+from worker.rqbatch.jobs import job_hashes, unlist, unlist_now
 from worker.stream.connection import is_passing
 
 if TYPE_CHECKING:
@@ -150,13 +150,7 @@ def left_as_done(worker: BaseWorker, job: Job, queue: Queue, listed: bool, op: s
     if status not in DONE:
         return False
     if listed:  # off the list, with RQ's first sighting of it there (as every job leaving it: ``hold``, the start)
-
-        def off_the_list() -> None:
-            with worker.connection.pipeline() as pipe:
-                unlist(pipe, queue, job.id, count=1)
-                pipe.execute()
-
-        worker.until_written(off_the_list, op=op)
+        worker.until_written(lambda: unlist_now(worker.connection, queue, job.id, count=1), op=op)
     note = "already done: not run again"
     worker.tlog.warning("rq_job_queued_twice", job_id=job.id, queue=queue.name, status=status.value, note=note)
     return True

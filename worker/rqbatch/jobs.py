@@ -59,6 +59,13 @@ def unlist(pipe, queue, job_id: str, count: int = 0) -> None:
     pipe.delete(queue.intermediate_queue.get_first_seen_key(job_id))
 
 
+def unlist_now(connection, queue, job_id: str, count: int = 0) -> None:
+    """``unlist`` on its own (a job that leaves the list without a transaction around it: gone, or already done)."""
+    with connection.pipeline() as pipe:
+        unlist(pipe, queue, job_id, count)
+        pipe.execute()
+
+
 def job_hashes(worker, job_ids: list[str]) -> list[dict | redis.ResponseError]:
     """The raw hashes (HGETALL) of ``job_ids``, in one round trip; {} for a job that is gone, the error for a job key
     that is not a hash (``not_a_hash``: raised, one such job made every read of its batch raise)."""

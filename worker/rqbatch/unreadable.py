@@ -35,7 +35,7 @@ from rq.utils import current_timestamp
 from worker.logs import get_logger
 from worker.observability import prometheus
 from worker.rqbatch.failure import record_failure
-from worker.rqbatch.jobs import Entry, job_hashes, not_a_hash, unlist
+from worker.rqbatch.jobs import Entry, job_hashes, not_a_hash, unlist, unlist_now
 from worker.rqbatch.landing import Landing
 from worker.rqbatch.payload import InvalidJob
 
@@ -108,8 +108,7 @@ def fail_if_unreadable(
     except NoSuchJobError:
         raw = {}
     if not raw:  # deleted after it was queued: RQ skips it too; only the intermediate list keeps its id
-        first_seen = queue.intermediate_queue.get_first_seen_key(job_id)
-        worker.until_written(lambda: _unlist(worker, queue, job_id, first_seen), op="rq_fill")
+        worker.until_written(lambda: unlist_now(worker.connection, queue, job_id), op="rq_fill")
         return True
     if not bad:
         return False
@@ -141,13 +140,6 @@ def fail_if_unreadable(
 def _count_failed(error: BaseException) -> None:
     """A failed request in the metrics, as a batch's failed job is: ``rq info`` counted it, the metrics did not."""
     prometheus.current().on_settled([], [str(error)])
-
-
-def _unlist(worker: BaseWorker, queue: Queue, job_id: str, first_seen: str) -> None:
-    with worker.connection.pipeline() as pipe:
-        pipe.lrem(queue.intermediate_queue_key, 0, job_id)
-        pipe.delete(first_seen)
-        pipe.execute()
 
 
 def fail_listed(worker: BaseWorker, queue: Queue) -> None:

@@ -101,14 +101,10 @@ def _stop_signals_set(stop: threading.Event) -> Callable[[], None]:
     return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
 
-_STAYS_STOPPED: list[bool] = []
-
-
+@functools.cache
 def _stay_stopped_at_exit() -> None:
     """``_stay_stopped`` at the process's exit, registered once however many times the worker runs."""
-    if not _STAYS_STOPPED:
-        _STAYS_STOPPED.append(True)
-        atexit.register(_stay_stopped)
+    atexit.register(_stay_stopped)
 
 
 def _stay_stopped() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.engine.types import unicode_problem  # noqa: F401 - also this module's: the producer and RQ read it here
+from worker.engine.types import unicode_problem
 
 KNOWN_FIELDS = ("text", "id", "subject", "meta")
 MAX_ID_BYTES = 256  # the id becomes part of a Redis key name
