@@ -19,6 +19,8 @@ import json
 import logging
 from pathlib import Path
 
+from worker.quality.head_file import safetensors_header
+
 log = logging.getLogger("triage.quality")
 KEY = "model_fingerprint"  # the head metadata key (``head.head_meta``); absent in older and shipped heads
 
@@ -49,7 +51,6 @@ ARCHITECTURE = (
     "position_embedding_type",
     "sliding_window",
 )
-_MAX_HEADER = 100 << 20
 
 
 def weights_fingerprint(directory: str | Path) -> str | None:
@@ -159,11 +160,9 @@ def _sample_file(f, size: int, h) -> None:
 
 def _safetensors_spans(f, size: int) -> tuple[bytes, list[tuple[int, int]] | None]:
     """The header bytes and every tensor's (begin, end) in the data section, sorted; None if not safetensors."""
-    first = _read(f, 0, 8)
-    n = int.from_bytes(first, "little") if len(first) == 8 else 0
-    if not 2 <= n <= min(size - 8, _MAX_HEADER):
+    header = safetensors_header(f, size)
+    if header is None:
         return b"", None
-    header = _read(f, 8, n)
     try:
         tensors = json.loads(header)
         spans = sorted(

@@ -8,23 +8,31 @@ offsets, and ``__metadata__``), then the tensor data. A head keeps its own JSON 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 FORMAT = "triage-head/1"
 TENSORS = ("mean", "std", "weight", "bias")
-_MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap
+
+
+def safetensors_header(f, size: int) -> bytes | None:
+    """The JSON header of the safetensors file open as ``f`` (``size`` bytes long), or None: it is no such file."""
+    f.seek(0)
+    raw = f.read(8)
+    n = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+    if not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
+        return None
+    return f.read(n)
 
 
 def head_file_problem(path: Path) -> str | None:
     """Why ``path`` is no scorer head this version reads (None: its header says it is one)."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(8)
-            size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-            if not 0 < size <= _MAX_HEADER_BYTES:
+            raw = safetensors_header(f, path.stat().st_size)
+            if raw is None:
                 return f"{path} is not a safetensors file (a scorer head from `triage-worker fit`)"
-            header = json.loads(f.read(size))
+            header = json.loads(raw)
     except OSError as e:
         return f"cannot read {path}: {e.strerror or e}"
     except (ValueError, UnicodeDecodeError):
