@@ -96,9 +96,23 @@ def group(tiny_model_dir, redis_url, tmp_path_factory, r):
     try:
         for w in workers.values():
             wait_ready_or_kill(w, 180)
-        good = [r.xadd(stream, {"id": f"ok-{i}", "text": GOOD_TEXTS[i % 4] + " " * (i % 5)}) for i in range(24)]
-        bad = [r.xadd(stream, fields) for fields, _ in BAD.values()]
-        wait_settled(r, env, good + bad, timeout_s=120)
+        good, bad = [], []
+        # Each worker its half, the other frozen meanwhile (a stopped worker has no read in Redis that could take
+        # them: it polls with scripts). Left to race, one worker read every ticket before the other polled (an idle
+        # one polls every 100 ms after 30 s of quiet), and the tests of what each worker counted had nothing to see.
+        first, second = workers.values()
+        for half, frozen in enumerate((second, first)):
+            frozen.freeze()
+            try:
+                ok = [
+                    r.xadd(stream, {"id": f"ok-{i}", "text": GOOD_TEXTS[i % 4] + " " * (i % 5)})
+                    for i in range(12 * half, 12 * half + 12)
+                ]
+                ko = [r.xadd(stream, fields) for fields, _ in list(BAD.values())[2 * half : 2 * half + 2]]
+                wait_settled(r, env, ok + ko, timeout_s=120)
+            finally:
+                frozen.signal(signal.SIGCONT)
+            good, bad = good + ok, bad + ko
         yield Group(env, workers, ports, good, bad)
     finally:
         for w in workers.values():
@@ -209,9 +223,8 @@ def test_status_shows_both_workers_backlog_pending_dead_letters_and_throughput(g
         assert row["host"] == socket.gethostname() and row["pid"] == group.workers[name].pid
         assert row["model"] == env["TRIAGE_MODEL"] and row["pending"] == 0
         assert row["heartbeat_age_s"] is not None
-        # Redis 7 adds a consumer to the group only when it first hands it an entry, and one worker may have read
-        # every ticket before the other polled: a consumer row (its idle time) exactly when the worker wrote
-        assert (row["idle_s"] is not None) == any(written_by(r, env, name)), row
+        # Redis 7 adds a consumer to the group only when it first hands it an entry: each worker was handed its half
+        assert row["idle_s"] is not None and all(written_by(r, env, name)), row
     assert sum(rows[n]["done_in_window"] for n in names) == len(results)
     ghost = rows["ghost-1"]
     assert not ghost["alive"] and ghost["state"] == "dead" and ghost["pending"] == GHOST_ENTRIES

@@ -303,3 +303,41 @@ def test_each_pass_start_asks_for_a_beat_not_only_a_change_of_phase():
     assert len(asked) == 2
     status.set_phase("writing")
     assert len(asked) == 3
+
+
+def test_the_move_out_of_starting_is_beaten_at_once_not_a_phase_beat_later(monkeypatch):
+    """The start-up beat says "starting"; the loop's first phase was beaten only PHASE_BEAT_S after it, so a worker
+    that had logged ``worker_ready`` (a tiny model loads in under a second) failed ``healthcheck --ready`` and
+    showed ``not_read_yet`` in ``status`` meanwhile. The first move out of "starting" now skips that wait; later
+    moves keep it (PHASE_BEAT_S made large here: without the exception the second beat would come a minute late)."""
+    import threading
+
+    from worker.stream import health
+
+    monkeypatch.setattr(health, "PHASE_BEAT_S", 60.0)
+    beaten: list[str] = []
+    moved = threading.Condition()
+
+    class Recorded:  # the keeper's view of a heartbeat: a beat returns None while the name is still ours
+        ttl_s = 3600
+
+        def beat(self, **status):
+            with moved:
+                beaten.append(status["phase"])
+                moved.notify_all()
+
+    status = health.Status()
+    keeper = health.Keeper(Recorded(), status, refresh=None, refresh_interval_s=1.0, log=None)
+    keeper.start()
+    try:
+        with moved:
+            assert moved.wait_for(lambda: beaten == ["starting"], timeout=10), beaten
+        status.set_phase("reading")
+        with moved:
+            assert moved.wait_for(lambda: len(beaten) == 2, timeout=10), beaten
+        status.set_phase("idle")  # an ordinary change of phase: rate-limited as before
+        with moved:
+            assert not moved.wait_for(lambda: len(beaten) == 3, timeout=0.5), beaten
+    finally:
+        keeper.stop()
+    assert beaten == ["starting", "reading"]

@@ -227,7 +227,7 @@ class Keeper(threading.Thread):
 
     * the heartbeat key, every third of its TTL (two missed beats still leave it alive), and within
       ``PHASE_BEAT_S`` of a change of phase, never more often: ``status`` showed a phase up to a third of the TTL
-      old (a worker "reading 8s" that had been inferring for seconds);
+      old (a worker "reading 8s" that had been inferring for seconds). The move out of "starting" is beaten at once;
     * the idle time of the entries it holds (``refresh``, every third of TRIAGE_CLAIM_IDLE_MS), so
       a prefetched window waiting for its turn, or a pass longer than the claim idle time, is not
       reclaimed by another worker. A frozen or dead process stops both, which is the point.
@@ -262,6 +262,9 @@ class Keeper(threading.Thread):
         # a phase change not beaten yet: the key said "starting" a third of the TTL after the model loaded (meanwhile
         # `healthcheck --ready` failed a worker taking work), and any phase up to that old
         self._phase_due = False
+        # the phase the last beat wrote: the first move out of "starting" is beaten at once (it is what says ready:
+        # `healthcheck --ready`, `status`), not PHASE_BEAT_S after the start-up beat
+        self._beaten_phase = "starting"
         status.on_moved = self._phase_moved
 
     def _phase_moved(self) -> None:
@@ -279,7 +282,7 @@ class Keeper(threading.Thread):
         last_beat = -PHASE_BEAT_S
         while True:
             now = time.monotonic()
-            if now >= next_beat or self._beat_due or (self._phase_due and now >= last_beat + PHASE_BEAT_S):
+            if now >= next_beat or self._beat_due or (self._phase_due and now >= self._phase_beat_at(last_beat)):
                 self._beat_due = self._phase_due = False
                 next_beat, last_beat = now + self.beat_interval_s, now
                 self._beat()
@@ -296,17 +299,23 @@ class Keeper(threading.Thread):
                     self.log.debug("refresh_failed", error=f"{type(e).__name__}: {e}")
             wake = min(next_beat, next_refresh if self.refresh is not None else next_beat)
             if self._phase_due:
-                wake = min(wake, last_beat + PHASE_BEAT_S)
+                wake = min(wake, self._phase_beat_at(last_beat))
             self._wake.wait(max(wake - time.monotonic(), 0.0))
             self._wake.clear()
             if self._stop_evt.is_set():
                 return
 
+    def _phase_beat_at(self, last_beat: float) -> float:
+        """When a change of phase may be beaten: at once out of "starting", else PHASE_BEAT_S after the last beat."""
+        return last_beat if self._beaten_phase == "starting" else last_beat + PHASE_BEAT_S
+
     def _beat(self) -> None:
         if self.lost is not None:  # the name is another process's now: never overwrite its key
             return
         try:
-            self.lost = self.heartbeat.beat(**self.status.snapshot())
+            snapshot = self.status.snapshot()
+            self.lost = self.heartbeat.beat(**snapshot)
+            self._beaten_phase = snapshot["phase"]
         except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
             self._beats_failing += 1
             level = self.log.warning if self._beats_failing == 1 else self.log.debug
