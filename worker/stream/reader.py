@@ -14,78 +14,21 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 
 from worker.observability import prometheus
 from worker.stream.connection import Backoff, is_passing, is_transient
 from worker.stream.group import GroupGuard, is_nogroup
+from worker.stream.in_flight import InFlight
 from worker.stream.messages import DELETED_REASON
 from worker.stream.records import dead_letter_fields
 from worker.stream.sink import Outcome, ResultSink
 from worker.stream.sizing import WindowSizer
-from worker.stream.source import RawEntry, StreamSource, id_order
+from worker.stream.source import RawEntry, StreamSource
 from worker.stream.window import Window, build_window
 
 END = "end"  # stop was requested; everything read before it has been queued
 DRAINED = "drained"  # --drain: nothing undelivered, nothing pending
-
-
-class InFlight:
-    """Stream ids read by this process and not yet settled (written + acked, or dropped), with the
-    group epoch they were read in.
-
-    Re-reads of our own PEL and XAUTOCLAIM can return these again; they are skipped so no
-    entry is classified twice inside one process. An id held from an older epoch (a lost
-    group) does not block the same id delivered again by the recreated group."""
-
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-        self._unread: set[str] = set()  # held as markers (too large to read): the keeper leaves them alone
-        self._lock = threading.Lock()
-        self._lowest: str | None = None  # kept as ids come, found again once it is discarded (a pass holding it)
-        self._lowest_known = True
-
-    def add(self, ids: Sequence[str], epoch: int = 0, *, unread: Sequence[str] = ()) -> None:
-        with self._lock:
-            self._ids.update((i, epoch) for i in ids)
-            if ids and self._lowest_known:
-                least = min(ids, key=id_order)
-                if self._lowest is None or id_order(least) < id_order(self._lowest):
-                    self._lowest = least
-            self._unread.difference_update(ids)
-            self._unread.update(unread)
-
-    def discard(self, ids: Sequence[str], epoch: int = 0) -> None:
-        with self._lock:
-            for i in ids:
-                if self._ids.get(i) == epoch:
-                    del self._ids[i]
-                    self._unread.discard(i)
-                    if i == self._lowest:
-                        self._lowest_known = False
-
-    def fresh(self, entries: list[RawEntry], epoch: int = 0) -> list[RawEntry]:
-        with self._lock:
-            return [e for e in entries if self._ids.get(e.stream_id) != epoch]
-
-    def snapshot(self, epoch: int, *, whole_only: bool = False) -> list[str]:
-        with self._lock:
-            return [i for i, e in self._ids.items() if e == epoch and not (whole_only and i in self._unread)]
-
-    def lowest(self, excluding: Collection[str] = ()) -> str | None:
-        """The lowest id held (any epoch) but those ``excluding`` (the ones a write settles: its trim comes after
-        them), None when none: the settle's trim stays below it, so an entry of ours that its group lost (created
-        again at '$') is still in the stream when its record is written."""
-        with self._lock:
-            if not self._lowest_known:
-                self._lowest, self._lowest_known = min(self._ids, key=id_order, default=None), True
-            if self._lowest is None or self._lowest not in excluding:
-                return self._lowest
-            return min((i for i in self._ids if i not in excluding), key=id_order, default=None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._ids)
 
 
 class Reader(threading.Thread):
