@@ -338,21 +338,28 @@ def load_shipped_head(clf: Classifier, path: Path) -> Scorer | None:
 
 def fit_head_on_task_examples(clf: Classifier, method: str = AUTO_METHOD, pooling: str = AUTO_POOLING):
     """A head from the task's own few-shot examples, through the classifier's own forward pass."""
-    from worker.engine.framing import prepare
-    from worker.engine.task_text import usable_examples
-    from worker.quality.features import run_features
     from worker.quality.head import fit_head, head_meta
 
-    examples = clf.task.examples
-    # cut to the ticket limit whatever TRIAGE_TRUNCATE says: an example is part of the task, not a ticket to refuse
-    items = prepare([e.text for e in examples], clf.framing, True, clf.aux_framing)
-    keep = usable_examples(clf.task, items, "TRIAGE_TASK_FILE")
-    feats = run_features(clf, [items[i] for i in keep], score=False, progress=False)
-    labels = [examples[i].label for i in keep]
+    feats, labels = task_example_features(clf)
     meta = head_meta(clf, "task examples")
     return fit_head(
         feats.pooled(pooling), labels, clf.labels, method=method, pooling=pooling, meta=meta, blocks=clf.feature_blocks
     )
+
+
+def task_example_features(clf: Classifier):
+    """The task's examples as a head fitted on them reads them (the worker at start-up, eval's row of that head):
+    each cut to the ticket limit whatever TRIAGE_TRUNCATE says (an example is part of the task, not a ticket to
+    refuse), one the model cannot read left out (``usable_examples``). Features and the kept examples' labels."""
+    from worker.engine.framing import prepare
+    from worker.engine.task_text import usable_examples
+    from worker.quality.features import run_features
+
+    examples = clf.task.examples
+    items = prepare([e.text for e in examples], clf.framing, True, clf.aux_framing)
+    keep = usable_examples(clf.task, items, "TRIAGE_TASK_FILE")
+    feats = run_features(clf, [items[i] for i in keep], score=False, progress=False)
+    return feats, [examples[i].label for i in keep]
 
 
 def calibration_bias(clf: Classifier, settings: Settings, scorer: Scorer | None):

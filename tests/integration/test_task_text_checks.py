@@ -178,3 +178,20 @@ def test_a_lone_example_that_an_encoder_keeps_nothing_of_is_named(env, tmp_path,
         build_classifier(Settings(model=str(tiny_bert_dir), task_file=path))
     assert err.value.setting == "TRIAGE_TASK_FILE"
     assert "example 2" in str(err.value) and "'technical'" in str(err.value)
+
+
+def test_eval_scores_the_head_the_worker_fits_on_the_examples_an_encoder_can_read(
+    env, tmp_path, tiny_bert_dir, monkeypatch
+):
+    """eval's "head on task examples" row is what ``auto`` fits at start-up: it read the examples its own way
+    (``prepare_valid``), so an example the worker leaves out raised a traceback there instead of a row."""
+    examples = [("I was charged twice", "billing"), ("\u200b", "technical"), ("the app crashes", "technical")]
+    path = task_file(tmp_path, ["billing", "technical"], examples)
+    rows = tmp_path / "rows.jsonl"
+    write_rows(rows, [("refund my invoice", "billing"), ("it crashes on start", "technical")])
+    out = tmp_path / "eval.json"
+    monkeypatch.setenv("TRIAGE_MODEL", str(tiny_bert_dir))
+    monkeypatch.setenv("TRIAGE_TASK_FILE", str(path))
+    assert main(["eval", "--input", str(rows), "--variants", "head", "--json", str(out), "--no-progress"]) == 0
+    heads = [m for m in json.loads(out.read_text())["methods"] if m["name"].startswith("head on task examples")]
+    assert heads and all(m["head"]["n_train"] == 2 for m in heads), heads

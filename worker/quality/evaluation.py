@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.assemble import build_classifier, features_classifier, prompt_scoring
+from worker.assemble import build_classifier, features_classifier, prompt_scoring, task_example_features
 from worker.engine.classifier import Classifier, softmax
 from worker.engine.loader import LoadedModel
 from worker.engine.task import Task
@@ -274,10 +274,8 @@ def _heads(base, task_pass, train, labels, gold, cfg, info, log) -> tuple[list[d
     if shipped is not None:
         out += _score_head_file(shipped, clf, test_pass, labels, gold, cfg, name="shipped default head")
     if base.examples and {e.label for e in base.examples} == set(labels):  # what `auto` fits at start-up
-        ex = run_features(clf, clf.prepare_valid([e.text for e in base.examples]), score=False, progress=False)
-        out += _fit_and_score(
-            "head on task examples", ex, [e.label for e in base.examples], test_pass, labels, gold, cfg
-        )
+        ex, ex_labels = task_example_features(clf)  # clf's task is base: the examples as the worker reads them
+        out += _fit_and_score("head on task examples", ex, ex_labels, test_pass, labels, gold, cfg)
     curve: list[dict] = []
     if train:
         tr = run_features(
