@@ -20,12 +20,12 @@ TEXTS = [
 N = 72
 
 
-def _drain(env: dict, redis_url: str, lookahead: str):
+def _drain(env: dict, redis_url: str, lookahead: str, **more: object):
     """Push the same N tickets, drain them with ``run --drain``: stream id order -> outcome, and the window lines."""
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     texts = [TEXTS[i % len(TEXTS)].format(i) for i in range(N)]
     ids = [r.xadd(env["TRIAGE_INPUT_STREAM"], {"id": f"la-{i}", "text": text}) for i, text in enumerate(texts)]
-    with start_worker(env_with(env, TRIAGE_PASS_LOOKAHEAD=lookahead), "run", "--drain", ready=False) as w:
+    with start_worker(env_with(env, TRIAGE_PASS_LOOKAHEAD=lookahead, **more), "run", "--drain", ready=False) as w:
         assert w.wait(120) == 0, w.stderr_tail()
     got = outcomes(r, env)
     assert sorted(got) == sorted(ids) and all(len(v) == 1 for v in got.values()), "lost or written twice"
@@ -34,7 +34,10 @@ def _drain(env: dict, redis_url: str, lookahead: str):
 
 def test_first_passes_queued_early_change_nothing_but_when(triage_env, redis_url):
     env = env_with(triage_env, TRIAGE_WINDOW_MAX_ITEMS=12, TRIAGE_PASS_MAX_ITEMS=3, TRIAGE_MAX_WAIT_MS=5)
-    early, windows = _drain(env, redis_url, "on")
+    # each pass held 0.1 s (tests.held_passes), as on a device slower than the reader: the next window is read and
+    # tokenized before the window in hand finishes. Left to the tiny model's millisecond passes, whether the reader
+    # was ahead was a race between three threads, lost by every window of a drain on a loaded CI box
+    early, windows = _drain(env, redis_url, "on", TRIAGE_TEST_PRELOAD="tests.held_passes", TRIAGE_TEST_PASS_HOLD_S=0.1)
     assert not windows[0]["first_pass_early"]  # nothing was before it
     queued_early = sum(e["first_pass_early"] for e in windows)
     assert queued_early >= 1, [(e["window"], e["passes"]) for e in windows]  # the reader is ahead on a full stream

@@ -278,18 +278,22 @@ def test_poison_entry_past_max_deliveries_is_dead_lettered(worker, stream_env, r
     worker reclaims it (XAUTOCLAIM) and parks it instead of running it a 4th time."""
     stream = stream_env["TRIAGE_INPUT_STREAM"]
 
-    def add_and_deliver_to_ghost(fields):  # atomic, so the live worker cannot read it first
-        pipe = r.pipeline(transaction=True)
-        pipe.xadd(stream, fields)
-        pipe.xreadgroup("triage", "ghost", {stream: ">"}, count=1)
-        sid, delivered = pipe.execute()
-        assert delivered[0][1][0][0] == sid
-        return sid
+    # Added, read by "ghost" and claimed again `claims` times in one script: the live worker (TRIAGE_CLAIM_IDLE_MS
+    # is 300 ms) can neither read it first nor reclaim it between two deliveries (as 2, not past the limit)
+    deliver = r.register_script(
+        """
+        local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+        redis.call('XREADGROUP', 'GROUP', 'triage', 'ghost', 'COUNT', 1, 'STREAMS', KEYS[1], '>')
+        for _ = 1, tonumber(ARGV[1]) do redis.call('XCLAIM', KEYS[1], 'triage', 'ghost', 0, id) end
+        return id
+        """
+    )
 
-    poison = add_and_deliver_to_ghost({"id": "poison", "text": "this one kills workers"})
+    def add_and_deliver_to_ghost(fields, claims=0):
+        return deliver(keys=[stream], args=[claims, *(x for kv in fields.items() for x in kv)])
+
+    poison = add_and_deliver_to_ghost({"id": "poison", "text": "this one kills workers"}, claims=2)
     survivor = add_and_deliver_to_ghost({"id": "survivor", "text": "charged twice"})
-    for _ in range(2):
-        r.xclaim(stream, "triage", "ghost", 0, [poison])
     settled = wait_settled(r, stream_env, [poison, survivor], timeout_s=30)
     kind, rec = settled[poison]
     assert kind == "dead" and rec["id"] == "poison" and rec["deliveries"] == "4", rec

@@ -53,12 +53,13 @@ def test_kill9_mid_batch_then_second_worker_reclaims_everything(triage_env, redi
         env_with(triage_env, TRIAGE_CONSUMER=victim, TRIAGE_WINDOW_MAX_ITEMS=8, TRIAGE_PASS_MAX_ITEMS=8)
     ) as a:
         stranded = _freeze_with_pending(r, triage_env, a, victim)
-        # started after the freeze, so it cannot read anything before it (a forked start takes under a second)
-        b = start_worker(
-            env_with(triage_env, TRIAGE_CONSUMER=rescuer, TRIAGE_CLAIM_IDLE_MS=300), "run", "--drain", ready=False
-        )
         a.kill()  # kill -9: no shutdown code runs
     assert own_pending(r, triage_env, victim) == stranded > 0
+    # started once the victim is dead and its count taken: a rescuer started before could claim the stranded
+    # entries (idle past 300 ms) before the count, had this test been held up between the two
+    b = start_worker(
+        env_with(triage_env, TRIAGE_CONSUMER=rescuer, TRIAGE_CLAIM_IDLE_MS=300), "run", "--drain", ready=False
+    )
     with b:
         assert b.wait(120) == 0, b.stderr_tail()
     assert b.events("entries_claimed"), b.stderr_tail()
@@ -75,7 +76,7 @@ def _freeze_with_pending(r, env, w, consumer, timeout_s=60.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if own_pending(r, env, consumer) > 0:
-            os.kill(w.pid, signal.SIGSTOP)
+            w.freeze()
             time.sleep(0.3)  # an EXEC already on the wire lands now
             n = own_pending(r, env, consumer)
             if n > 0:

@@ -174,6 +174,8 @@ def fill(worker: BaseWorker, batch: list[tuple[Job, Queue]], limit: int, max_wai
             if suspended(worker):
                 worker.tlog.info("rq_fill_suspended", batch=len(batch), note="`rq suspend`: the batch in hand runs")
                 return
+            if worker._stop_requested:  # came during that round trip: the jobs still queued are another worker's
+                return
             got = drain(worker, min(want, limit - len(batch)))
         except FillRefused as refused:
             _add_new(worker, batch, refused.jobs)

@@ -64,8 +64,10 @@ class RedisWait:
 
     def passed(self) -> None:
         if self.backoff is not None:
+            # counted first (triage_redis_reconnects_total, as the stream worker counts them): whoever sees the line
+            # then finds it counted
+            prometheus.current().reconnected()
             self.worker.tlog.info("redis_reconnected", op=self.op, attempts=self.backoff.attempt)
-            prometheus.current().reconnected()  # triage_redis_reconnects_total, as the stream worker counts them
             self.backoff = None
 
 

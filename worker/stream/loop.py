@@ -352,8 +352,8 @@ class _Loop:
                 self.reader.written(outcome.ack_ids, w.epoch)
                 written.log_skipped(self.log, retry=backoff.attempt)
                 if backoff.reset():
-                    self.log.info("redis_reconnected", op="write")
                     self._count_reconnect()  # one wait that ended (as the RQ worker counts), not one per try
+                    self.log.info("redis_reconnected", op="write")  # after the count: whoever sees it finds it counted
                 return written.outcome
             except (PartialWriteError, WriteRefused):  # retrying cannot help: the worker stops
                 raise

@@ -154,9 +154,9 @@ class Reader(threading.Thread):
             source, entries = self._read()
             failures = self.backoff.reset()
             if failures:
-                self.log.info("redis_reconnected", op="read", failed_attempts=failures)
-                if self.on_reconnect:  # one wait for Redis that ended, however many tries it took
+                if self.on_reconnect:  # one wait for Redis that ended, however many tries it took; counted first
                     self.on_reconnect()
+                self.log.info("redis_reconnected", op="read", failed_attempts=failures)
         except Exception as e:  # noqa: BLE001 - the worker outlives Redis outages and surprises
             entries = self._partial  # already delivered to us: must be processed, not forgotten
             self._on_read_error(e)

@@ -254,8 +254,8 @@ def _setup(source: StreamSource, settings, shutdown: Shutdown, log, *, give_up_s
                 log.error("permission_denied", error="; ".join(refused), action=PERMISSION_FIX)
                 return "config"
             if backoff.reset():
-                log.info("redis_reconnected", op="setup")
                 prometheus.current().reconnected()
+                log.info("redis_reconnected", op="setup")
             if created is not None:
                 log.info("group_created", stream=settings.input_stream, group=settings.group, start_id=created)
             return "ok"

@@ -57,7 +57,7 @@ def test_frozen_worker_is_reclaimed_and_writes_nothing_stale(launch, chaos_redis
     ):
         a.wait_ready()
         b.wait_ready()
-        b.signal(signal.SIGSTOP)  # B waits frozen until A holds the window
+        b.freeze()  # B waits frozen until A holds the window (stopped before A's window is pushed)
         pipe = client.pipeline(transaction=True)  # all at once: A's next read takes the whole window
         for fields in big:
             pipe.xadd(stream, fields)
