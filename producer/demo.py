@@ -28,6 +28,7 @@ from producer.settings import ProducerSettings
 from producer.synth import generate_tickets
 from worker.engine.types import padding_pct, percentile
 from worker.keyspace import delete_under, keys_under
+from worker.logs import event_ms
 from worker.wording import count_of
 
 BAD_TICKETS = [  # each is dead-lettered by the worker, with a reason
@@ -43,7 +44,7 @@ class WorkerProcess:
     def __init__(self, env: dict[str, str]):
         self.events: list[dict] = []
         self.other_lines: list[str] = []
-        self.ready_at_s: float | None = None  # wall clock when "worker_ready" was read
+        self.ready_ms: int | None = None  # when the worker was ready: its "worker_ready" line's own timestamp
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "run", "--drain"],
             env=env,
@@ -64,8 +65,8 @@ class WorkerProcess:
             except ValueError:
                 ev = None
             if isinstance(ev, dict) and "event" in ev:
-                if ev["event"] == "worker_ready":
-                    self.ready_at_s = time.time()
+                if ev["event"] == "worker_ready":  # by its stamp: this thread may read the line late
+                    self.ready_ms = event_ms(ev)
                 self.events.append(ev)
             elif line.strip():
                 self.other_lines.append(line)
@@ -114,7 +115,7 @@ def _watch(client: TriageClient, worker: WorkerProcess, total: int, timeout_s: f
                 return False
             done = client.redis.xlen(s.results_stream) + client.redis.xlen(s.dead_letter_stream)
             bar.update(min(done, total) - bar.n)
-            if worker.ready_at_s is not None:
+            if worker.ready_ms is not None:
                 bar.set_postfix_str("")
             time.sleep(0.25)
         done = client.redis.xlen(s.results_stream) + client.redis.xlen(s.dead_letter_stream)
@@ -133,7 +134,7 @@ def summarize(client: TriageClient, worker: WorkerProcess, labels_by_id: dict[st
     padded = sum(int(b.get("padded_tokens") or 0) for b in windows)
     busy_ms = sum(float(b.get(k) or 0) for b in windows for k in ("tokenize_ms", "infer_ms", "write_ms"))
     done_at = [int(f["classified_at_ms"]) for f in results if f.get("classified_at_ms")]
-    ready_ms = int(worker.ready_at_s * 1000) if worker.ready_at_s else None
+    ready_ms = worker.ready_ms
     # Tickets were all queued before the worker started:
     # count their wait from when it was ready, not from model loading.
     latencies = []

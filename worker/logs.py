@@ -159,3 +159,12 @@ def route_transformers_logs() -> None:
 
 def get_logger(name: str | None = None, **initial: Any) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger(name, **initial)
+
+
+def event_ms(event: dict) -> int | None:
+    """A JSON log event's ``timestamp`` (the TimeStamper's ISO, UTC) in Unix milliseconds; None without one. When
+    the worker did something, by its clock: a reader of its log learns of it later (a thread, a pipe)."""
+    import datetime as dt
+
+    ts = event.get("timestamp")
+    return int(dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000) if ts else None

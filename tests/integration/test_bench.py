@@ -254,7 +254,8 @@ def test_mode6_counts_the_graph_captures_the_worker_logs_after_ready():
     import subprocess
     import sys
 
-    from worker.bench.redis_mode import event_ms, graph_captures, log_events
+    from worker.bench.redis_mode import graph_captures, log_events
+    from worker.logs import event_ms
 
     proc = subprocess.run([sys.executable, "-c", CAPTURE_LOG], capture_output=True, text=True, timeout=120, check=True)
     events = log_events(proc.stderr)

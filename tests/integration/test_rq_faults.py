@@ -29,7 +29,7 @@ from tests.metrics_scrape import scrape
 from tests.tcp_proxy import TcpProxy
 from worker.engine.types import Prediction
 from worker.redis_server import free_port
-from worker.rqbatch import BatchWorker, intake, outcome, plain, unreadable
+from worker.rqbatch import BatchWorker, intake, outcome, plain, unreadable, waits
 from worker.rqbatch.jobs import Entry
 from worker.rqbatch.landing import Landing
 from worker.rqbatch.payload import InvalidJob, job_result, ticket_text
@@ -58,20 +58,47 @@ def _out_of_memory_for(conn: redis.Redis, seconds: float) -> None:
     threading.Timer(seconds, lambda: conn.config_set("maxmemory", 0)).start()
 
 
+def _out_of_memory_until_refused(conn: redis.Redis, *ops: str, at_most_s: float = 30.0) -> None:
+    """Redis refuses every write from now until this worker has had a try of one of ``ops`` refused (its
+    ``redis_unavailable`` line logged), then takes them again: the refusal meets that write whatever this box's
+    speed (on a 2 s timer, a worker held up as long reached it after the refusal had ended). ``at_most_s``: lifted
+    anyway, so a test whose worker never tries ``ops`` fails on its asserts rather than hangs."""
+    lifted = threading.Lock()
+
+    def lift() -> None:
+        if lifted.acquire(blocking=False):
+            conn.config_set("maxmemory", 0)
+
+    real = waits.RedisWait.failed
+
+    def failed(self, e, stop=None):
+        try:
+            return real(self, e, stop)
+        finally:
+            if self.op in ops:
+                lift()
+
+    waits.RedisWait.failed = failed
+    _out_of_memory(conn)
+    timer = threading.Timer(at_most_s, lift)
+    timer.daemon = True
+    timer.start()
+
+
 class OutOfMemoryBeforeStartBatchWorker(BatchWorker):
-    """Redis runs out of memory as the first batch is about to be recorded (refused jobs failed, the others STARTED):
-    for 2 s, nothing of the batch written yet."""
+    """Redis runs out of memory as the first batch is about to be recorded (refused jobs failed, the others STARTED),
+    nothing of the batch written yet, until the batch's start has been refused."""
 
     def run_batch(self, entries, fill_ms=0.0):
         if not self.connection.exists("oom-done"):
             self.connection.set("oom-done", 1)
-            _out_of_memory_for(self.connection, 2.0)
+            _out_of_memory_until_refused(self.connection, "rq_start")
         return super().run_batch(entries, fill_ms)
 
 
 class OutOfMemoryAfterAFailedPassBatchWorker(BatchWorker):
-    """Every job of every batch fails in the pass (as on a GPU fault); after the first, Redis refuses writes for
-    2 s: the failure callbacks run, the failures cannot be saved yet."""
+    """Every job of every batch fails in the pass (as on a GPU fault); after the first, Redis refuses writes until a
+    failure's save has been refused: the failure callbacks run, the failures cannot be saved yet."""
 
     def _classify(self, entries):
         out = super()._classify(entries)
@@ -79,7 +106,7 @@ class OutOfMemoryAfterAFailedPassBatchWorker(BatchWorker):
             e.fail(RuntimeError("CUDA error: an illegal memory access was encountered"))
         if not self.connection.exists("oom-done"):
             self.connection.set("oom-done", 1)
-            _out_of_memory_for(self.connection, 2.0)
+            _out_of_memory_until_refused(self.connection, "rq_fail")
         return out
 
 
@@ -369,14 +396,15 @@ def test_the_fill_wait_stays_well_inside_rqs_intermediate_queue_threshold(redis_
 
 # ------------------------------------------------------------------------ Redis refusing writes: intake, idle, stop
 class OutOfMemoryAsAJobIsHandedOverBatchWorker(BatchWorker):
-    """Redis runs out of memory for 2 s right after RQ's dequeue took the first job (before its last heartbeat and
-    the batch's fill): the job is in hand, in the intermediate list (one queue) or in no list (several)."""
+    """Redis runs out of memory right after RQ's dequeue took the first job (before its last heartbeat and the
+    batch's fill), until the job's hold (several queues) or the batch's start (one) has been refused: the job is in
+    hand, in the intermediate list (one queue) or in no list (several)."""
 
     def reorder_queues(self, reference_queue):
         super().reorder_queues(reference_queue)
         if not self.connection.exists("oom-done"):
             self.connection.set("oom-done", 1)
-            _out_of_memory_for(self.connection, 2.0)
+            _out_of_memory_until_refused(self.connection, "rq_hold", "rq_start")
 
 
 @pytest.mark.parametrize("queues", [1, 2], ids=["one-queue", "two-queues"])
@@ -483,8 +511,9 @@ def test_an_idle_worker_waits_out_redis_refusing_writes_and_a_warm_stop_still_en
 
 # ----------------------------------------------------------------- Redis refusing part of a batch's success
 class OutOfMemoryAtASlowSuccessBatchWorker(BatchWorker):
-    """Redis runs out of memory for 2 s as the first job with dependents is recorded by RQ's handle_job_success, after
-    the batch's plain jobs' MULTI/EXEC applied: before its write (TEST_OOM_AT=before) or after it, before its mirror."""
+    """Redis runs out of memory as the first job with dependents is recorded by RQ's handle_job_success, after the
+    batch's plain jobs' MULTI/EXEC applied, until a record has been refused: before its write (TEST_OOM_AT=before) or
+    after it, before its mirror."""
 
     def handle_job_success(self, job, queue, started_job_registry, execution):
         after = os.environ["TEST_OOM_AT"] == "after"
@@ -492,7 +521,7 @@ class OutOfMemoryAtASlowSuccessBatchWorker(BatchWorker):
             super().handle_job_success(job, queue, started_job_registry, execution)
         if not self.connection.exists("oom-done"):
             self.connection.set("oom-done", 1)
-            _out_of_memory_for(self.connection, 2.0)
+            _out_of_memory_until_refused(self.connection, "rq_record")
         if not after:
             super().handle_job_success(job, queue, started_job_registry, execution)
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 from worker.keyspace import delete_under
+from worker.logs import event_ms
 
 
 def mode6(
@@ -218,11 +219,3 @@ def graph_captures(events: list[dict], after_ms: int) -> tuple[int, float]:
 
     late = [e for e in events if e.get("event") == CAPTURED_EVENT and (event_ms(e) or 0) > after_ms]
     return len(late), sum(e.get("capture_ms") or 0 for e in late) / 1000.0
-
-
-def event_ms(event: dict) -> int | None:
-    """A log event's timestamp in epoch milliseconds (None without one)."""
-    import datetime as dt
-
-    ts = event.get("timestamp")
-    return int(dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000) if ts else None

@@ -11,7 +11,6 @@ the only part that recreated the group, waited for the loop: no ticket was class
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 from tests.integration.chaos.conftest import worker_env
 from tests.integration.chaos.harness import (
@@ -24,6 +23,7 @@ from tests.integration.chaos.harness import (
     tally,
     wait_until,
 )
+from worker.logs import event_ms
 
 GROUP = "triage"
 
@@ -142,6 +142,4 @@ def test_group_destroyed_mid_run_recovers(launch, chaos_redis, tiny_model_dir, t
 
 def _event_s(w, event: str, since_ms: float) -> float:
     """Seconds from ``since_ms`` (Unix ms) to the worker's first ``event`` log line."""
-    stamp = w.events(event)[0]["timestamp"]
-    at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000
-    return round((at - since_ms) / 1000, 2)
+    return round((event_ms(w.events(event)[0]) - since_ms) / 1000, 2)
