@@ -262,8 +262,9 @@ class Keeper(threading.Thread):
         # a phase change not beaten yet: the key said "starting" a third of the TTL after the model loaded (meanwhile
         # `healthcheck --ready` failed a worker taking work), and any phase up to that old
         self._phase_due = False
-        # the phase the last beat wrote: the first move out of "starting" is beaten at once (it is what says ready:
-        # `healthcheck --ready`, `status`), not PHASE_BEAT_S after the start-up beat
+        # the phase the last beat tried to write: the first move out of "starting" is beaten at once (it is what says
+        # ready: `healthcheck --ready`, `status`), not PHASE_BEAT_S after the start-up beat; tried once, landed or
+        # not, the limit holds again (a Redis refusing beats is not asked at every pass start)
         self._beaten_phase = "starting"
         status.on_moved = self._phase_moved
 
@@ -314,8 +315,8 @@ class Keeper(threading.Thread):
             return
         try:
             snapshot = self.status.snapshot()
-            self.lost = self.heartbeat.beat(**snapshot)
             self._beaten_phase = snapshot["phase"]
+            self.lost = self.heartbeat.beat(**snapshot)
         except Exception as e:  # noqa: BLE001 - a missed beat is what the TTL is for
             self._beats_failing += 1
             level = self.log.warning if self._beats_failing == 1 else self.log.debug
