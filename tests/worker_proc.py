@@ -94,10 +94,11 @@ class WorkerProc:
         self.proc.send_signal(sig)
 
     def freeze(self, timeout_s: float = 10) -> None:
-        """SIGSTOP, returning once the kernel says the process is stopped (state T): it sends nothing from here on."""
+        """SIGSTOP, returning once the kernel says every thread of the process is stopped (state T): it sends
+        nothing from here on (the main thread's state alone left the reader and keeper threads a few microseconds)."""
         self.signal(signals.SIGSTOP)
         deadline = time.monotonic() + timeout_s
-        while Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        while not all(state == "T" for state in _thread_states(self.pid)):
             assert time.monotonic() < deadline, f"worker {self.pid} did not stop"
             time.sleep(0.001)
 
@@ -290,3 +291,14 @@ def wait_settled(client, env: dict[str, str], stream_ids, timeout_s: float = 60.
                 f"{len(want - got.keys())} of {len(want)} entries got no result or dead letter within {timeout_s}s"
             )
         time.sleep(0.1)
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state of each thread of ``pid`` (a thread that ended meanwhile is left out)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return states

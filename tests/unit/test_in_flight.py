@@ -121,3 +121,9 @@ def test_a_write_holding_the_lowest_id_does_not_rescan_every_held_id(monkeypatch
         f.discard(own, 0)
         assert f.lowest() == (window[start + 64] if start + 64 < 4096 else None)
     assert len(parsed) == 0, len(parsed)
+    f.add(["not-an-id"], 0)  # held above every id (a non-id string sorts last), then settled
+    f.discard(["not-an-id"], 0)
+    parsed.clear()
+    f.add(window, 1)
+    f.add(["9999-0"], 1)
+    assert len(parsed) == 4096 + 2, len(parsed)  # each new id once, and the last held: no re-sort of all held

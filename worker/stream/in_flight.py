@@ -21,11 +21,12 @@ class InFlight:
         self._ids: dict[str, int] = {}
         self._unread: set[str] = set()  # held as markers (too large to read): the keeper leaves them alone
         self._lock = threading.Lock()
-        self._highest = (-1, -1)  # the order key of the last id in ``_ids``
 
     def add(self, ids: Sequence[str], epoch: int = 0, *, unread: Sequence[str] = ()) -> None:
         with self._lock:
-            in_order, highest = True, self._highest
+            # against the last id held now (one parse): a bound kept across discards stayed above every later read
+            # once a higher id (a non-id string, an older epoch's) had been held, and re-sorted at every add
+            in_order, highest = True, id_order(next(reversed(self._ids))) if self._ids else (-1, -1)
             for i in ids:
                 if i not in self._ids:  # one held already keeps its place (another epoch's read of it)
                     key = id_order(i)
@@ -36,7 +37,6 @@ class InFlight:
                 self._ids[i] = epoch
             if not in_order:  # a claim or a re-read of older entries: rare, one sort
                 self._ids = dict(sorted(self._ids.items(), key=lambda item: id_order(item[0])))
-            self._highest = highest
             self._unread.difference_update(ids)
             self._unread.update(unread)
 
